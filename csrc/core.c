@@ -1,0 +1,704 @@
+/*
+ * core.c -- scheduling, cancelling, the timer thread's pass, lifecycle and
+ * counters.  DESIGN.md section 3 names the rules; comments below say where
+ * each one is kept.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "internal.h"
+
+/* ---- clock (rule 6) ------------------------------------------------------ */
+
+int64_t bt_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t bt_time_ns(bt_timer_thread *tt) {
+    if (tt && tt->opt.manual_clock)
+        return atomic_load_explicit(&tt->manual_now, memory_order_acquire);
+    return bt_now_ns();
+}
+
+/* ---- fork (rule 11) -------------------------------------------------------
+ * A child of fork() has none of the parent's threads.  Every core remembers
+ * the fork generation it was created in; a core from an earlier generation
+ * refuses all work without touching its locks (another thread may have held
+ * them at the fork). */
+
+static _Atomic uint64_t fork_generation;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void) { atomic_fetch_add(&fork_generation, 1); }
+static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+static inline int forked(const bt_timer_thread *tt) {
+    return tt->fork_generation != atomic_load_explicit(&fork_generation, memory_order_relaxed);
+}
+
+/* ---- the calling thread's bucket (rule 3) --------------------------------
+ * Thread-local, assigned round robin on first use: timers of one thread stay
+ * together, and two threads rarely share a lock. */
+
+static _Atomic uint32_t next_thread_index;
+static _Thread_local uint32_t thread_index_plus_one;
+
+static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
+    uint32_t i = thread_index_plus_one;
+    if (__builtin_expect(i == 0, 0)) {
+        i = atomic_fetch_add_explicit(&next_thread_index, 1, memory_order_relaxed) + 1;
+        thread_index_plus_one = i;
+    }
+    return (i - 1) % tt->nbuckets;
+}
+
+/* ---- options and creation ------------------------------------------------ */
+
+void bt_options_init(bt_options *opt) {
+    memset(opt, 0, sizeof(*opt));
+    opt->num_buckets = BT_DEFAULT_BUCKETS;
+    opt->drain_threshold = BT_DEFAULT_DRAIN_THRESHOLD;
+    opt->sweep_min = BT_DEFAULT_SWEEP_MIN;
+}
+
+static void *timer_thread_main(void *arg);
+
+int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    bt_options opt;
+    bt_options_init(&opt);
+    if (opt_in) {
+        opt = *opt_in;
+        if (!opt.num_buckets) opt.num_buckets = BT_DEFAULT_BUCKETS;
+        if (!opt.drain_threshold) opt.drain_threshold = BT_DEFAULT_DRAIN_THRESHOLD;
+        if (!opt.sweep_min) opt.sweep_min = BT_DEFAULT_SWEEP_MIN;
+    }
+    if (opt.num_buckets > BT_MAX_BUCKETS) return -EINVAL;
+    pthread_once(&atfork_once, install_atfork);
+
+    bt_timer_thread *tt = NULL;
+    if (posix_memalign((void **)&tt, 64, sizeof(*tt))) return -ENOMEM;
+    memset(tt, 0, sizeof(*tt));
+    tt->opt = opt;
+    tt->nbuckets = opt.num_buckets;
+    tt->fork_generation = atomic_load(&fork_generation);
+    if (posix_memalign((void **)&tt->buckets, 64, sizeof(struct bt__bucket) * tt->nbuckets)) {
+        free(tt);
+        return -ENOMEM;
+    }
+    memset(tt->buckets, 0, sizeof(struct bt__bucket) * tt->nbuckets);
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        pthread_mutex_init(&tt->buckets[b].mutex, NULL);
+        tt->buckets[b].nearest = BT_NEVER;
+        tt->buckets[b].prune_at = 2 * opt.drain_threshold;
+    }
+    bt__pool_init(tt);
+    pthread_mutex_init(&tt->wake_mutex, NULL);
+    pthread_mutex_init(&tt->advance_mutex, NULL);
+    pthread_mutex_init(&tt->ports_mutex, NULL);
+    tt->nearest = BT_NEVER;
+    atomic_init(&tt->manual_now, opt.manual_start_ns);
+
+    int rc = bt_port_open(tt, 0, &tt->orphans);
+    if (rc) goto fail;
+    if (!opt.manual_clock) {
+        /* The timer thread runs with every signal blocked: signals are the
+         * interpreter's business, on its own threads. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        rc = -pthread_create(&tt->thread, NULL, timer_thread_main, tt);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc) goto fail;
+        tt->started = 1;
+    }
+    *out = tt;
+    return 0;
+fail:
+    tt->started = 0;
+    bt_destroy(tt);
+    return rc;
+}
+
+int32_t bt_is_stopped(bt_timer_thread *tt) {
+    return !tt || forked(tt) || atomic_load_explicit(&tt->stop, memory_order_acquire);
+}
+
+/* ---- scheduling ------------------------------------------------------------ */
+
+static void request_collect(bt_timer_thread *tt);
+
+/* Under the bucket mutex: unlinks the cancelled entries of the bucket's list
+ * and puts their slots straight on its free list.  Runs only when the list
+ * reached prune_at, which then moves to twice what is left, so the work is
+ * amortised O(1) per schedule and the list stays within
+ * max(2 * drain_threshold, 2 * live) even when the timer thread lags. */
+static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
+    struct bt_timer **link = &bk->head;
+    uint32_t kept = 0, removed = 0;
+    while (*link) {
+        struct bt_timer *t = *link;
+        uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+        if (BT_WORD_STATE(w) == BT_S_CANCELLED) {
+            *link = t->next;
+            bt__slot_retire(t);
+            t->next = bk->free;
+            bk->free = t;
+            bk->nfree++;
+            removed++;
+        } else {
+            link = &t->next;
+            kept++;
+        }
+    }
+    bk->length = kept;
+    bk->reaped += removed;
+    uint32_t floor = 2 * tt->opt.drain_threshold;
+    bk->prune_at = 2 * kept > floor ? 2 * kept : floor;
+}
+
+static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_native_fn fn,
+                    void *arg, uint64_t *out_id) {
+    if (!tt || !out_id) return -EINVAL;
+    if (forked(tt)) return -ECHILD;
+    if (atomic_load_explicit(&tt->stop, memory_order_acquire)) return -ESHUTDOWN;
+    uint32_t b = bucket_of_caller(tt);
+    struct bt__bucket *bk = &tt->buckets[b];
+    uint64_t seq = atomic_fetch_add_explicit(&tt->seq, 1, memory_order_relaxed);
+
+    pthread_mutex_lock(&bk->mutex);
+    while (!bk->free) {
+        /* Allocation happens outside the bucket lock (rule 3). */
+        pthread_mutex_unlock(&bk->mutex);
+        int rc = bt__pool_grow(tt, b);
+        if (rc) return rc;
+        pthread_mutex_lock(&bk->mutex);
+    }
+    struct bt_timer *t = bk->free;
+    bk->free = t->next;
+    bk->nfree--;
+    t->deadline = deadline;
+    t->seq = seq;
+    t->port = port;
+    t->fn = fn;
+    t->arg = arg;
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
+    uint32_t gen = BT_WORD_GEN(w);
+    /* Release: whoever acquires this word sees the fields above. */
+    atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_PENDING), memory_order_release);
+    t->next = bk->head;
+    bk->head = t;
+    uint32_t len = ++bk->length;
+    bk->scheduled++;
+    if (__builtin_expect(len >= bk->prune_at, 0)) {
+        prune_locked(tt, bk);
+        len = bk->length;
+    }
+    int earlier = deadline < bk->nearest;
+    if (earlier) bk->nearest = deadline;
+    int drain = len >= tt->opt.drain_threshold && (len % tt->opt.drain_threshold) == 0;
+    pthread_mutex_unlock(&bk->mutex);
+
+    *out_id = ((uint64_t)gen << 32) | t->slot;
+
+    if (tt->opt.manual_clock) {
+        if (drain) request_collect(tt);
+        return 0;
+    }
+    /* Rule 4: only a deadline earlier than the global nearest wakes the
+     * thread; the wake itself happens outside every lock. */
+    int wake = 0;
+    if (earlier || drain) {
+        pthread_mutex_lock(&tt->wake_mutex);
+        if (deadline < tt->nearest) {
+            tt->nearest = deadline;
+            wake = 1;
+        }
+        if (drain) {
+            tt->nearest = INT64_MIN; /* "collect now" */
+            wake = 1;
+        }
+        if (wake) atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->wake_mutex);
+    }
+    if (wake) {
+        atomic_fetch_add_explicit(&bk->wakeups, 1, memory_order_relaxed);
+        bt__futex_wake(&tt->nsignals);
+    }
+    return 0;
+}
+
+int bt_schedule_native(bt_timer_thread *tt, int64_t deadline_ns, bt_native_fn fn, void *arg,
+                       uint64_t *out_id) {
+    if (!fn) return -EINVAL;
+    return schedule(tt, deadline_ns, NULL, fn, arg, out_id);
+}
+
+int bt_schedule_port(bt_timer_thread *tt, int64_t deadline_ns, bt_port *port, void *payload,
+                     uint64_t *out_id) {
+    if (!port || port->tt != tt) return -EINVAL;
+    return schedule(tt, deadline_ns, port, NULL, payload, out_id);
+}
+
+/* ---- cancel (rules 1 and 2) ---------------------------------------------- */
+
+int bt_cancel(bt_timer_thread *tt, uint64_t id) {
+    if (!tt || id == 0 || forked(tt)) return BT_UNKNOWN;
+    struct bt_timer *t = bt__slot(tt, id);
+    if (!t) return BT_UNKNOWN;
+    uint32_t gen = (uint32_t)(id >> 32);
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+    for (;;) {
+        if (BT_WORD_GEN(w) != gen) return BT_UNKNOWN;
+        uint32_t st = BT_WORD_STATE(w);
+        if (st == BT_S_FREE) return BT_UNKNOWN;
+        if (st != BT_S_PENDING && st != BT_S_POSTED) return BT_TOO_LATE;
+        if (atomic_compare_exchange_weak_explicit(&t->word, &w, BT_WORD(gen, BT_S_CANCELLED),
+                                                  memory_order_acq_rel, memory_order_acquire)) {
+            struct bt__bucket *bk = &tt->buckets[bucket_of_caller(tt)];
+            atomic_fetch_add_explicit(&bk->cancelled, 1, memory_order_relaxed);
+            return BT_CANCELLED;
+        }
+    }
+}
+
+/* ---- the pass: collect, sweep, fire ----------------------------------------
+ * Everything below runs on the timer thread, or in manual-clock mode under
+ * advance_mutex: the heap and the reap chains have exactly one owner. */
+
+struct reap_chain {
+    struct bt_timer *head, *tail;
+    uint32_t n;
+};
+
+static inline int is_cancelled(struct bt_timer *t) {
+    return BT_WORD_STATE(atomic_load_explicit(&t->word, memory_order_acquire)) == BT_S_CANCELLED;
+}
+
+/* Queues a cancelled slot to go back to its bucket's free list at the end of
+ * the pass: one lock per bucket per pass, not one per slot. */
+static void reap(struct bt_timer *t, void *ctx) {
+    struct reap_chain *chains = ctx;
+    struct reap_chain *c = &chains[t->bucket];
+    bt__slot_retire(t);
+    t->next = c->head;
+    c->head = t;
+    if (!c->tail) c->tail = t;
+    c->n++;
+}
+
+/* The only place the reaped counter moves. */
+static uint64_t flush_reaped(bt_timer_thread *tt, struct reap_chain *chains) {
+    uint64_t n = 0;
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        if (!chains[b].n) continue;
+        bt__pool_free_chain(tt, b, chains[b].head, chains[b].tail, chains[b].n);
+        n += chains[b].n;
+        chains[b].head = chains[b].tail = NULL;
+        chains[b].n = 0;
+    }
+    bt__bump(&tt->reaped, n);
+    return n;
+}
+
+/* Moves every bucket list into the heap, reaping cancelled timers on the way. */
+static void collect(bt_timer_thread *tt, struct reap_chain *chains) {
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        struct bt__bucket *bk = &tt->buckets[b];
+        pthread_mutex_lock(&bk->mutex);
+        struct bt_timer *t = bk->head;
+        uint32_t len = bk->length;
+        bk->head = NULL;
+        bk->length = 0;
+        bk->nearest = BT_NEVER;
+        bk->prune_at = 2 * tt->opt.drain_threshold;
+        pthread_mutex_unlock(&bk->mutex);
+        /* Reserve heap room for the whole list outside the lock; if this
+         * fails, bt__heap_push below tries again and reports it. */
+        if (tt->heap.size + len > tt->heap.cap) {
+            size_t cap = tt->heap.cap ? tt->heap.cap : 1024;
+            while (cap < tt->heap.size + len) cap *= 2;
+            void *v = realloc(tt->heap.v, cap * sizeof(*tt->heap.v));
+            if (v) {
+                tt->heap.v = v;
+                tt->heap.cap = cap;
+            }
+        }
+        while (t) {
+            struct bt_timer *next = t->next;
+            if (is_cancelled(t)) {
+                reap(t, chains);
+            } else if (bt__heap_push(&tt->heap, t)) {
+                /* Out of memory: give the rest back to the bucket, and make
+                 * sure the thread comes back for them. */
+                struct bt_timer *last = t;
+                uint32_t n = 1;
+                int64_t nearest = t->deadline;
+                while (last->next) {
+                    last = last->next;
+                    n++;
+                    if (last->deadline < nearest) nearest = last->deadline;
+                }
+                pthread_mutex_lock(&bk->mutex);
+                last->next = bk->head;
+                bk->head = t;
+                bk->length += n;
+                if (nearest < bk->nearest) bk->nearest = nearest;
+                pthread_mutex_unlock(&bk->mutex);
+                pthread_mutex_lock(&tt->wake_mutex);
+                if (nearest < tt->nearest) tt->nearest = nearest;
+                pthread_mutex_unlock(&tt->wake_mutex);
+                break;
+            }
+            t = next;
+        }
+    }
+}
+
+static uint64_t sum_cancelled(bt_timer_thread *tt) {
+    uint64_t n = 0;
+    for (uint32_t b = 0; b < tt->nbuckets; b++)
+        n += atomic_load_explicit(&tt->buckets[b].cancelled, memory_order_relaxed);
+    return n;
+}
+
+static uint64_t reaped_total(bt_timer_thread *tt) {
+    uint64_t n = atomic_load_explicit(&tt->reaped, memory_order_relaxed) +
+                 atomic_load_explicit(&tt->consumer_reaped, memory_order_relaxed);
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        pthread_mutex_lock(&tt->buckets[b].mutex);
+        n += tt->buckets[b].reaped;
+        pthread_mutex_unlock(&tt->buckets[b].mutex);
+    }
+    return n;
+}
+
+/* Rule 5: sweep the heap when cancelled entries pass half of it.  The count
+ * of dead entries is cancels that won minus slots reaped; it also counts
+ * timers cancelled while waiting in a port, so it can only overestimate. */
+static void maybe_sweep(bt_timer_thread *tt, struct reap_chain *chains) {
+    size_t size = tt->heap.size;
+    if (size < tt->opt.sweep_min) return;
+    uint64_t dead = sum_cancelled(tt) - reaped_total(tt);
+    if (dead * 2 <= size) return;
+    bt__heap_sweep(&tt->heap, is_cancelled, reap, chains);
+    bt__bump(&tt->sweeps, 1);
+    flush_reaped(tt, chains);
+}
+
+/* Adds a fired timer to its port's batch for this pass. */
+static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
+    bt_port *p = t->port;
+    if (atomic_load_explicit(&p->detached, memory_order_acquire)) p = tt->orphans;
+    t->next = p->pass_head; /* newest first, as the port's stack wants */
+    p->pass_head = t;
+    if (!p->pass_tail) p->pass_tail = t;
+    if (!p->in_pass) {
+        p->in_pass = 1;
+        p->pass_next = tt->pass_ports;
+        tt->pass_ports = p;
+    }
+}
+
+/* Hands each port its batch: one push and at most one fd write per port per
+ * pass (rule 8). */
+static void flush_posts(bt_timer_thread *tt) {
+    bt_port *p = tt->pass_ports;
+    tt->pass_ports = NULL;
+    while (p) {
+        bt_port *next = p->pass_next;
+        bt__port_post_chain(p, p->pass_head, p->pass_tail);
+        p->pass_head = p->pass_tail = NULL;
+        p->pass_next = NULL;
+        p->in_pass = 0;
+        bt__port_signal(p);
+        p = next;
+    }
+}
+
+/* Pops and fires every timer due at `now`.  Returns how many fired. */
+static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *chains) {
+    uint64_t fired = 0, posted = 0;
+    const struct bt__heap_entry *top;
+    while ((top = bt__heap_top(&tt->heap)) != NULL) {
+        struct bt_timer *t = top->timer;
+        if (is_cancelled(t)) {
+            /* Lazy deletion: a dead top is dropped whether due or not. */
+            bt__heap_pop(&tt->heap);
+            reap(t, chains);
+            continue;
+        }
+        if (top->deadline > now) break; /* rule 6: due means deadline <= now */
+        bt__heap_pop(&tt->heap);
+        uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+        uint32_t gen = BT_WORD_GEN(w);
+        uint64_t expected = BT_WORD(gen, BT_S_PENDING);
+        if (t->port) {
+            if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
+                                                         BT_WORD(gen, BT_S_POSTED),
+                                                         memory_order_acq_rel,
+                                                         memory_order_acquire)) {
+                reap(t, chains);
+                continue;
+            }
+            stage_post(tt, t);
+            posted++;
+            fired++;
+        } else {
+            if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
+                                                         BT_WORD(gen, BT_S_RUNNING),
+                                                         memory_order_acq_rel,
+                                                         memory_order_acquire)) {
+                reap(t, chains);
+                continue;
+            }
+            fired++;
+            int64_t late = bt_time_ns(tt) - t->deadline;
+            if (late < 0) bt__bump(&tt->early_native, 1);
+            bt__hist_add(tt->hist_native, late);
+            /* Post what is staged first: a native callback may be slow. */
+            flush_posts(tt);
+            t->fn(t->arg, ((uint64_t)gen << 32) | t->slot);
+            bt__bump(&tt->ran_native, 1);
+            bt__slot_retire(t);
+            bt__pool_free_chain(tt, t->bucket, t, t, 1);
+        }
+    }
+    flush_posts(tt);
+    bt__bump(&tt->fired, fired);
+    bt__bump(&tt->posted, posted);
+    return fired;
+}
+
+static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect) {
+    struct reap_chain chains[BT_MAX_BUCKETS];
+    memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
+    if (do_collect) {
+        collect(tt, chains);
+        flush_reaped(tt, chains);
+        maybe_sweep(tt, chains);
+    }
+    uint64_t fired = fire_due(tt, now, chains);
+    flush_reaped(tt, chains);
+    bt__bump(&tt->passes, 1);
+    atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+    return fired;
+}
+
+static void request_collect(bt_timer_thread *tt) {
+    /* Manual-clock mode: the scheduling thread collects itself. */
+    pthread_mutex_lock(&tt->advance_mutex);
+    struct reap_chain chains[BT_MAX_BUCKETS];
+    memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
+    collect(tt, chains);
+    flush_reaped(tt, chains);
+    maybe_sweep(tt, chains);
+    bt__bump(&tt->drains, 1);
+    atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->advance_mutex);
+}
+
+/* ---- the timer thread (rule 4) -------------------------------------------
+ * It collects bucket lists only when one of their deadlines is due (the
+ * global nearest is a lower bound of every list's deadlines) or when a list
+ * passed the drain threshold; otherwise a wake just moves its sleep earlier.
+ * So a burst of schedules far in the future costs one wake, not one per
+ * pass. */
+
+static void *timer_thread_main(void *arg) {
+    bt_timer_thread *tt = arg;
+    for (;;) {
+        int64_t now = bt_now_ns();
+        int do_collect;
+        pthread_mutex_lock(&tt->wake_mutex);
+        if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) {
+            pthread_mutex_unlock(&tt->wake_mutex);
+            break;
+        }
+        do_collect = tt->nearest <= now;
+        if (tt->nearest == INT64_MIN) bt__bump(&tt->drains, 1);
+        if (do_collect) tt->nearest = BT_NEVER;
+        pthread_mutex_unlock(&tt->wake_mutex);
+
+        /* Re-read the clock after collecting: never fire on a stale now. */
+        if (do_collect) {
+            struct reap_chain chains[BT_MAX_BUCKETS];
+            memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
+            collect(tt, chains);
+            flush_reaped(tt, chains);
+            maybe_sweep(tt, chains);
+        }
+        one_pass(tt, bt_now_ns(), 0);
+
+        const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
+        int64_t next = top ? top->deadline : BT_NEVER;
+        pthread_mutex_lock(&tt->wake_mutex);
+        if (tt->nearest < next) next = tt->nearest;
+        uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+        int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->wake_mutex);
+        if (stop) break;
+        now = bt_now_ns();
+        if (next <= now) continue;
+        bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
+    }
+    return NULL;
+}
+
+/* ---- manual clock (rule 9) ------------------------------------------------ */
+
+int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
+    if (!tt) return -EINVAL;
+    if (!tt->opt.manual_clock) return -EINVAL;
+    if (forked(tt)) return -ECHILD;
+    if (atomic_load_explicit(&tt->stop, memory_order_acquire)) return -ESHUTDOWN;
+    pthread_mutex_lock(&tt->advance_mutex);
+    int64_t cur = atomic_load_explicit(&tt->manual_now, memory_order_relaxed);
+    if (now_ns > cur) atomic_store_explicit(&tt->manual_now, now_ns, memory_order_release);
+    else now_ns = cur;
+    uint64_t fired = one_pass(tt, now_ns, 1);
+    pthread_mutex_unlock(&tt->advance_mutex);
+    return (int64_t)fired;
+}
+
+int64_t bt_next_deadline(bt_timer_thread *tt) {
+    if (!tt || forked(tt)) return BT_NEVER;
+    int64_t next = BT_NEVER;
+    if (tt->opt.manual_clock) {
+        /* Exact: collect, drop dead tops, read the top. */
+        pthread_mutex_lock(&tt->advance_mutex);
+        struct reap_chain chains[BT_MAX_BUCKETS];
+        memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
+        collect(tt, chains);
+        const struct bt__heap_entry *top;
+        while ((top = bt__heap_top(&tt->heap)) && is_cancelled(top->timer))
+            reap(bt__heap_pop(&tt->heap), chains);
+        flush_reaped(tt, chains);
+        if (top) next = top->deadline;
+        atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->advance_mutex);
+        return next;
+    }
+    pthread_mutex_lock(&tt->wake_mutex);
+    next = tt->nearest;
+    pthread_mutex_unlock(&tt->wake_mutex);
+    return next;
+}
+
+/* ---- stop, drop, destroy (rule 11) ---------------------------------------- */
+
+int bt_stop(bt_timer_thread *tt) {
+    if (!tt) return -EINVAL;
+    if (forked(tt)) return 0;
+    pthread_mutex_lock(&tt->wake_mutex);
+    int already = atomic_exchange(&tt->stop, 1);
+    atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    if (already) return 0;
+    if (tt->started) {
+        bt__futex_wake(&tt->nsignals);
+        pthread_join(tt->thread, NULL);
+        tt->started = 0;
+    }
+    return 0;
+}
+
+int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
+    if (!tt) return -EINVAL;
+    if (forked(tt)) return 0;
+    if (!atomic_load(&tt->stop)) return -EBUSY;
+    /* Walk every slot: PENDING ones sit in lists or the heap, POSTED ones in
+     * ports; both become CANCELLED, and their owners reap them as usual. */
+    int64_t dropped = 0;
+    uint32_t nblocks = atomic_load_explicit(&tt->nblocks, memory_order_acquire);
+    for (uint32_t bl = 0; bl < nblocks; bl++) {
+        struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);
+        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
+            struct bt_timer *t = &block[i];
+            uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+            for (;;) {
+                uint32_t st = BT_WORD_STATE(w);
+                if (st != BT_S_PENDING && st != BT_S_POSTED) break;
+                if (atomic_compare_exchange_weak_explicit(
+                        &t->word, &w, BT_WORD(BT_WORD_GEN(w), BT_S_CANCELLED),
+                        memory_order_acq_rel, memory_order_acquire)) {
+                    atomic_fetch_add_explicit(&tt->buckets[0].cancelled, 1,
+                                              memory_order_relaxed);
+                    dropped++;
+                    if (on_drop) on_drop(ctx, t->port, t->arg);
+                    break;
+                }
+            }
+        }
+    }
+    return dropped;
+}
+
+void bt_destroy(bt_timer_thread *tt) {
+    if (!tt) return;
+    if (forked(tt)) return; /* its locks may be held by threads that are gone */
+    bt_stop(tt);
+    bt_port *p = tt->ports;
+    while (p) {
+        bt_port *next = p->all_next;
+        bt__port_free(p);
+        p = next;
+    }
+    bt__heap_free(&tt->heap);
+    bt__pool_destroy(tt);
+    for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_destroy(&tt->buckets[b].mutex);
+    pthread_mutex_destroy(&tt->wake_mutex);
+    pthread_mutex_destroy(&tt->advance_mutex);
+    pthread_mutex_destroy(&tt->ports_mutex);
+    free(tt->buckets);
+    free(tt);
+}
+
+/* ---- counters (rule 10) ------------------------------------------------- */
+
+void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
+    memset(s, 0, sizeof(*s));
+    if (!tt || forked(tt)) return;
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        struct bt__bucket *bk = &tt->buckets[b];
+        pthread_mutex_lock(&bk->mutex);
+        s->scheduled += bk->scheduled;
+        s->list_size += bk->length;
+        s->slots_free += bk->nfree;
+        s->reaped += bk->reaped;
+        pthread_mutex_unlock(&bk->mutex);
+        s->cancelled += atomic_load_explicit(&bk->cancelled, memory_order_relaxed);
+        s->wakeups += atomic_load_explicit(&bk->wakeups, memory_order_relaxed);
+    }
+#define LD(x) atomic_load_explicit(&tt->x, memory_order_relaxed)
+    s->fired = LD(fired);
+    s->posted = LD(posted);
+    s->passes = LD(passes);
+    s->drains = LD(drains);
+    s->sweeps = LD(sweeps);
+    s->reaped += LD(reaped) + LD(consumer_reaped);
+    s->heap_size = LD(heap_size);
+    s->eventfd_writes = LD(eventfd_writes);
+    s->ran = LD(ran_native);
+    s->early_fires = LD(early_native);
+    for (int i = 0; i < 48; i++) s->lateness_hist[i] = LD(hist_native[i]);
+#undef LD
+    s->dead = s->cancelled > s->reaped ? s->cancelled - s->reaped : 0;
+    s->slots = (uint64_t)atomic_load(&tt->nblocks) * BT_BLOCK_SLOTS;
+    pthread_mutex_lock(&tt->ports_mutex);
+    s->ports = tt->nports;
+    for (bt_port *p = tt->ports; p; p = p->all_next) {
+        s->ran += atomic_load_explicit(&p->ran, memory_order_relaxed);
+        s->early_fires += atomic_load_explicit(&p->early, memory_order_relaxed);
+        for (int i = 0; i < 48; i++)
+            s->lateness_hist[i] += atomic_load_explicit(&p->hist[i], memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&tt->ports_mutex);
+}

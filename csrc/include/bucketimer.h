@@ -1,0 +1,187 @@
+/*
+ * bucketimer.h -- the public C API of bucketimer's native timer core.
+ *
+ * One timer thread per bt_timer_thread keeps every pending timer.  Callers on
+ * any thread schedule into a bucket chosen by their own thread (a lock, an
+ * intrusive list, the bucket's nearest deadline); the timer thread swaps those
+ * lists into a private 4-ary heap ordered by (deadline, sequence), and is woken
+ * only when a new timer is earlier than the global nearest deadline.  A timer
+ * that fires either runs a native function on the timer thread, or is posted
+ * to a bt_port (a lock-free MPSC stack + eventfd + "signalled" flag) whose
+ * consumer (an event loop, a dispatcher thread, a test) runs it.
+ *
+ * Ids are `generation << 32 | slot`; 0 is never a valid id.  Slot memory is
+ * never handed back to the allocator while the bt_timer_thread exists, so a
+ * stale id is always safe to pass to bt_cancel: it answers BT_UNKNOWN.
+ *
+ * Time is CLOCK_MONOTONIC in nanoseconds (the clock of Python's
+ * time.monotonic()).  Errors are negative errno values.
+ *
+ * This header is also parsed by cffi's cdef: fixed-width types only, no macros
+ * in prototypes, and every preprocessor line stands alone.
+ */
+#ifndef BUCKETIMER_H
+#define BUCKETIMER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bt_timer_thread bt_timer_thread;
+typedef struct bt_port bt_port;
+typedef struct bt_timer bt_timer;
+
+/* A native callback, run on the timer thread (or on the thread calling
+ * bt_advance in manual-clock mode).  It must not block for long: every timer
+ * behind it waits. */
+typedef void (*bt_native_fn)(void *arg, uint64_t id);
+
+/* Options for bt_create.  Zero fields take the documented default; call
+ * bt_options_init first. */
+typedef struct bt_options {
+    /* Number of buckets callers are hashed into by thread.  Default 13. */
+    uint32_t num_buckets;
+    /* A bucket list longer than this wakes the timer thread to move it into
+     * the heap and drop its cancelled entries.  Bounds garbage to
+     * O(live timers + num_buckets * drain_threshold).  Default 4096. */
+    uint32_t drain_threshold;
+    /* The heap is swept of cancelled entries when they are more than half of
+     * it and it holds at least this many entries.  Default 4096. */
+    uint32_t sweep_min;
+    /* Nonzero: no thread is started; time is what bt_advance says, and timers
+     * fire on the thread calling bt_advance. */
+    int32_t manual_clock;
+    /* Initial time of the manual clock, in ns. */
+    int64_t manual_start_ns;
+} bt_options;
+
+/* Results of bt_cancel (non-negative); errors are negative errno values. */
+enum bt_cancel_result {
+    BT_CANCELLED = 0, /* this call won: the timer will never run */
+    BT_TOO_LATE = 1,  /* it is running or has run (or was already cancelled) */
+    BT_UNKNOWN = 2    /* stale, foreign or invalid id */
+};
+
+/* Counters, summed on read.  Exact when the core is quiescent. */
+typedef struct bt_stats {
+    uint64_t scheduled;
+    uint64_t cancelled;       /* cancels that won */
+    uint64_t fired;           /* timers that became due and were run/posted */
+    uint64_t posted;          /* of those, posted to a port */
+    uint64_t ran;             /* callbacks actually started (native + ports) */
+    uint64_t wakeups;         /* futex wakes issued by schedulers */
+    uint64_t passes;          /* timer thread passes */
+    uint64_t eventfd_writes;  /* port signals actually written */
+    uint64_t drains;          /* bucket-list drains forced by the threshold */
+    uint64_t sweeps;          /* heap sweeps of cancelled entries */
+    uint64_t reaped;          /* cancelled entries removed by the core */
+    uint64_t heap_size;       /* entries in the heap now (live + dead) */
+    uint64_t list_size;       /* entries waiting in bucket lists now */
+    uint64_t dead;            /* cancelled entries not yet reaped */
+    uint64_t slots;           /* slots allocated (memory never shrinks) */
+    uint64_t slots_free;      /* of those, free now */
+    uint64_t ports;           /* ports opened */
+    /* lateness (fire time - deadline) histogram: bucket i counts lateness in
+     * [2^(i-1), 2^i) ns, bucket 0 counts lateness 0; early fires would be
+     * counted in early_fires (the core asserts there are none). */
+    uint64_t lateness_hist[48];
+    uint64_t early_fires;
+} bt_stats;
+
+/* ---- clock -------------------------------------------------------------- */
+
+/* CLOCK_MONOTONIC now, in nanoseconds. */
+int64_t bt_now_ns(void);
+/* The timer thread's clock: the manual clock in manual mode. */
+int64_t bt_time_ns(bt_timer_thread *tt);
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+void bt_options_init(bt_options *opt);
+/* Creates the core and (unless manual_clock) starts its thread. */
+int bt_create(const bt_options *opt, bt_timer_thread **out);
+/* Stops and joins the thread; pending timers are dropped, never run.  Later
+ * schedules fail with -ESHUTDOWN.  Idempotent.  Ports keep working for what
+ * was already posted. */
+int bt_stop(bt_timer_thread *tt);
+/* After bt_stop: every timer still PENDING or POSTED becomes CANCELLED and
+ * on_drop(ctx, port, payload) is called for it (port is NULL and payload the
+ * native arg for native timers), so the caller can release what the payload
+ * holds.  Timers a concurrent bt_cancel wins are not reported.  Returns how
+ * many were dropped, or -EBUSY if the core is not stopped. */
+typedef void (*bt_drop_fn)(void *ctx, bt_port *port, void *payload);
+int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx);
+/* Frees everything.  The caller guarantees nobody uses tt or its ports any
+ * more, and has consumed or abandoned whatever its ports hold. */
+void bt_destroy(bt_timer_thread *tt);
+/* Nonzero once bt_stop was called, or if tt was created before a fork()
+ * in an ancestor process (its thread does not exist here). */
+int32_t bt_is_stopped(bt_timer_thread *tt);
+
+/* ---- scheduling --------------------------------------------------------- */
+
+/* Schedules fn(arg, id) on the timer thread at deadline_ns. */
+int bt_schedule_native(bt_timer_thread *tt, int64_t deadline_ns, bt_native_fn fn, void *arg, uint64_t *out_id);
+/* Schedules a post of `payload` to `port` at deadline_ns. */
+int bt_schedule_port(bt_timer_thread *tt, int64_t deadline_ns, bt_port *port, void *payload, uint64_t *out_id);
+/* PENDING|POSTED -> CANCELLED.  Returns a bt_cancel_result. */
+int bt_cancel(bt_timer_thread *tt, uint64_t id);
+/* Manual-clock mode only: sets the clock to now_ns (never backwards) and fires
+ * everything due, in (deadline, schedule order).  Returns how many fired, or a
+ * negative errno (-EINVAL if tt has a real thread). */
+int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns);
+/* Deadline of the earliest live timer known to the core, or INT64_MAX.  In
+ * manual-clock mode exact; with a thread, a hint. */
+int64_t bt_next_deadline(bt_timer_thread *tt);
+
+void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
+
+/* ---- ports -------------------------------------------------------------- */
+
+/* Opens a port.  with_fd: create an eventfd (pipe where eventfd is missing)
+ * that becomes readable when timers are posted. */
+int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out);
+/* The fd to poll for readability, or -1. */
+int32_t bt_port_fd(bt_port *port);
+/* Closes the port's fd and marks it detached: timers that become due for it
+ * afterwards are not posted to it but to the core's orphan port (see
+ * bt_orphans), so nothing is ever signalled on a closed fd.  Timers already
+ * in its queue stay there for the consumer to take.  Its memory lives until
+ * bt_destroy. */
+int bt_port_detach(bt_port *port);
+/* Port receiving timers whose own port was detached.  Its consumer releases
+ * them without running them. */
+bt_port *bt_orphans(bt_timer_thread *tt);
+
+/* Consumer side: exactly one thread at a time may consume a port. */
+
+/* Clears the port's signal (reads the eventfd) so that the next post writes
+ * it again.  Call before popping. */
+void bt_port_ack(bt_port *port);
+/* Re-signals the port (used when a consumer stops early with items left). */
+void bt_port_signal(bt_port *port);
+/* Next posted timer in fire order, or NULL when the port is empty. */
+bt_timer *bt_port_pop(bt_port *port);
+/* Id and payload of a popped timer. */
+uint64_t bt_timer_id(bt_timer *t);
+void *bt_timer_payload(bt_timer *t);
+int64_t bt_timer_deadline(bt_timer *t);
+/* POSTED -> RUNNING, right before the caller runs it.  1: the caller must run
+ * it (its lateness is recorded now); 0: it was cancelled. */
+int32_t bt_timer_claim(bt_port *port, bt_timer *t);
+/* Returns a popped timer's slot to the pool (RUNNING -> DONE if claimed).
+ * The id becomes stale. */
+void bt_timer_release(bt_port *port, bt_timer *t);
+
+/* Convenience for tests: pops up to max timers, claims each and releases it;
+ * writes the ids of those claimed (which "ran") to ids.  Returns the count. */
+size_t bt_port_drain_ids(bt_port *port, uint64_t *ids, size_t max);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BUCKETIMER_H */

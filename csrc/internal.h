@@ -1,0 +1,204 @@
+/*
+ * internal.h -- structures shared by the core's translation units.
+ *
+ * Ownership in one paragraph: a slot (struct bt_timer) belongs to the bucket
+ * free list when FREE; to the bucket list and then the timer thread's heap
+ * while PENDING; to the port queue and then its consumer while POSTED or
+ * RUNNING.  Whoever owns a slot when it reaches a terminal state returns it to
+ * a free list.  bt_cancel never frees anything: it only flips the state word,
+ * so it is safe from any thread with any (even stale) id.
+ */
+#ifndef BT_INTERNAL_H
+#define BT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "bucketimer.h"
+
+#define BT_DEFAULT_BUCKETS 13u
+#define BT_MAX_BUCKETS 256u
+#define BT_DEFAULT_DRAIN_THRESHOLD 4096u
+#define BT_DEFAULT_SWEEP_MIN 4096u
+#define BT_NEVER INT64_MAX
+
+/* Slots live in blocks of BT_BLOCK_SLOTS; the directory has BT_MAX_BLOCKS
+ * entries, so a core holds at most 2^26 (67 M) slots at once. */
+#define BT_BLOCK_SHIFT 10u
+#define BT_BLOCK_SLOTS (1u << BT_BLOCK_SHIFT)
+#define BT_MAX_BLOCKS (1u << 16)
+
+/* The low 8 bits of a slot's state word hold its state; the high 32 its
+ * generation.  Every transition is a CAS on the whole word, so a cancel with a
+ * stale generation can never change a reused slot. */
+enum bt__state {
+    BT_S_FREE = 0,
+    BT_S_PENDING = 1,
+    BT_S_POSTED = 2,
+    BT_S_RUNNING = 3,
+    BT_S_DONE = 4,
+    BT_S_CANCELLED = 5
+};
+
+#define BT_WORD(gen, st) (((uint64_t)(gen) << 32) | (uint64_t)(st))
+#define BT_WORD_GEN(w) ((uint32_t)((w) >> 32))
+#define BT_WORD_STATE(w) ((uint32_t)((w)&0xffu))
+
+/* One timer.  64 bytes: one cache line. */
+struct bt_timer {
+    _Atomic uint64_t word;  /* generation << 32 | state */
+    int64_t deadline;       /* CLOCK_MONOTONIC ns */
+    uint64_t seq;           /* schedule order; breaks deadline ties */
+    struct bt_timer *next;  /* bucket list, free list or port queue link */
+    bt_port *port;          /* NULL: native timer */
+    bt_native_fn fn;        /* native timers */
+    void *arg;              /* native arg, or port payload */
+    uint32_t slot;          /* index in the directory */
+    uint32_t bucket;        /* home bucket: where the slot is freed to */
+};
+
+/* A bucket: what callers of one thread-hash touch.  Padded so two buckets
+ * never share a cache line. */
+struct bt__bucket {
+    pthread_mutex_t mutex;
+    struct bt_timer *head;  /* pending timers, newest first */
+    uint32_t length;
+    int64_t nearest;        /* earliest deadline in the list, or BT_NEVER */
+    struct bt_timer *free;  /* free slots */
+    uint32_t nfree;
+    /* the list is pruned of cancelled entries in place when it reaches this
+     * length and the timer thread has not come for it yet */
+    uint32_t prune_at;
+    /* counters written under the mutex */
+    uint64_t scheduled;
+    uint64_t reaped;
+    /* written by any thread whose bucket this is, relaxed atomics */
+    _Atomic uint64_t cancelled;
+    _Atomic uint64_t wakeups;
+    char pad[64];
+};
+
+/* A heap entry: the key copied next to the pointer so sift compares never
+ * chase pointers. */
+struct bt__heap_entry {
+    int64_t deadline;
+    uint64_t seq;
+    struct bt_timer *timer;
+};
+
+struct bt__heap {
+    struct bt__heap_entry *v;
+    size_t size;
+    size_t cap;
+};
+
+struct bt_port {
+    bt_timer_thread *tt;
+    /* producer side: a Treiber stack, pushed a whole batch at a time */
+    _Atomic(struct bt_timer *) stack;
+    _Atomic int signalled;
+    /* fd side: fd_mutex orders a signal write against detach's close */
+    pthread_mutex_t fd_mutex;
+    int fd;        /* eventfd, or the read end of a pipe; -1 if none */
+    int wfd;       /* write end (== fd for an eventfd) */
+    _Atomic int detached;
+    /* consumer side, touched only by the consuming thread */
+    struct bt_timer *batch;
+    /* consumer counters: single writer, relaxed */
+    _Atomic uint64_t ran;
+    _Atomic uint64_t early;
+    _Atomic uint64_t hist[48];
+    /* timer-thread side: batch being built during a pass */
+    struct bt_timer *pass_head;
+    struct bt_timer *pass_tail;
+    struct bt_port *pass_next;
+    int in_pass;
+    struct bt_port *all_next;  /* list of every port, for bt_destroy */
+};
+
+struct bt_timer_thread {
+    bt_options opt;
+    struct bt__bucket *buckets;
+    uint32_t nbuckets;
+
+    /* slot directory: entries published with release, read with acquire */
+    _Atomic(struct bt_timer *) blocks[BT_MAX_BLOCKS];
+    pthread_mutex_t pool_mutex;  /* serialises directory growth */
+    _Atomic uint32_t nblocks;
+
+    _Atomic uint64_t seq;
+
+    /* the wake protocol (DESIGN.md rule 4) */
+    pthread_mutex_t wake_mutex;
+    int64_t nearest;              /* global nearest deadline, under wake_mutex */
+    _Atomic uint32_t nsignals;    /* futex word; bumped under wake_mutex */
+    _Atomic int stop;
+    int started;
+    pthread_t thread;
+    uint64_t fork_generation;
+
+    /* manual clock */
+    _Atomic int64_t manual_now;
+    pthread_mutex_t advance_mutex;  /* one bt_advance at a time */
+
+    /* owned by the timer thread (or the advancing thread); counters have a
+     * single writer and are relaxed atomics so bt_get_stats may read them */
+    struct bt__heap heap;
+    struct bt_port *pass_ports;
+    _Atomic uint64_t fired, posted, ran_native, passes, drains, sweeps, reaped;
+    _Atomic uint64_t heap_size, early_native;
+    _Atomic uint64_t hist_native[48];
+    /* several writers */
+    _Atomic uint64_t eventfd_writes;
+    _Atomic uint64_t consumer_reaped;
+
+    /* ports */
+    pthread_mutex_t ports_mutex;
+    struct bt_port *ports;
+    uint32_t nports;
+    bt_port *orphans;
+};
+
+/* pool.c */
+int bt__pool_init(bt_timer_thread *tt);
+void bt__pool_destroy(bt_timer_thread *tt);
+struct bt_timer *bt__slot(bt_timer_thread *tt, uint64_t id);
+/* Grows the pool by one block, pushing the new slots on bucket b's free
+ * list.  Takes the bucket mutex itself; call without it. */
+int bt__pool_grow(bt_timer_thread *tt, uint32_t b);
+/* Returns a chain of finished slots (linked by ->next) to bucket b. */
+void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
+                         struct bt_timer *tail, uint32_t n);
+/* Marks a finished slot FREE with the next generation (owner only). */
+void bt__slot_retire(struct bt_timer *t);
+
+/* heap.c */
+int bt__heap_push(struct bt__heap *h, struct bt_timer *t);
+struct bt_timer *bt__heap_pop(struct bt__heap *h);
+static inline const struct bt__heap_entry *bt__heap_top(const struct bt__heap *h) {
+    return h->size ? &h->v[0] : (const struct bt__heap_entry *)0;
+}
+/* Removes every entry for which dead(timer) is true, calling drop(timer,ctx)
+ * on each, then restores heap order.  Returns how many were removed. */
+size_t bt__heap_sweep(struct bt__heap *h, int (*dead)(struct bt_timer *),
+                      void (*drop)(struct bt_timer *, void *), void *ctx);
+void bt__heap_free(struct bt__heap *h);
+
+/* port.c */
+void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
+int bt__port_signal(bt_port *port);  /* returns 1 if it wrote the fd */
+void bt__port_free(bt_port *port);
+void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);
+
+/* Single-writer counter bump: a relaxed load and store, no lock prefix. */
+static inline void bt__bump(_Atomic uint64_t *c, uint64_t n) {
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
+                          memory_order_relaxed);
+}
+
+/* futex.c */
+void bt__futex_wait(_Atomic uint32_t *addr, uint32_t expected, int64_t timeout_ns);
+void bt__futex_wake(_Atomic uint32_t *addr);
+
+#endif

@@ -1,0 +1,89 @@
+/*
+ * pool.c -- the slot pool: versioned ids over blocks that are never freed
+ * while the core lives (DESIGN.md rule 1).
+ *
+ * A slot index names a block (index >> BT_BLOCK_SHIFT) and a place in it.
+ * Blocks are published in the directory with a release store and looked up
+ * with an acquire load, so bt_cancel can resolve any id without a lock.  Free
+ * slots sit on per-bucket free lists under the bucket mutex; growing the pool
+ * (malloc) happens outside every bucket lock.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int bt__pool_init(bt_timer_thread *tt) {
+    atomic_init(&tt->nblocks, 0);
+    for (uint32_t i = 0; i < BT_MAX_BLOCKS; i++) atomic_init(&tt->blocks[i], NULL);
+    return pthread_mutex_init(&tt->pool_mutex, NULL) ? -ENOMEM : 0;
+}
+
+void bt__pool_destroy(bt_timer_thread *tt) {
+    uint32_t n = atomic_load(&tt->nblocks);
+    for (uint32_t i = 0; i < n; i++) free(atomic_load(&tt->blocks[i]));
+    pthread_mutex_destroy(&tt->pool_mutex);
+}
+
+struct bt_timer *bt__slot(bt_timer_thread *tt, uint64_t id) {
+    uint32_t slot = (uint32_t)id;
+    uint32_t b = slot >> BT_BLOCK_SHIFT;
+    if (b >= BT_MAX_BLOCKS) return NULL;
+    struct bt_timer *block = atomic_load_explicit(&tt->blocks[b], memory_order_acquire);
+    if (!block) return NULL;
+    return &block[slot & (BT_BLOCK_SLOTS - 1)];
+}
+
+int bt__pool_grow(bt_timer_thread *tt, uint32_t b) {
+    /* Allocate and initialise outside every lock. */
+    struct bt_timer *block = NULL;
+    if (posix_memalign((void **)&block, 64, sizeof(struct bt_timer) * BT_BLOCK_SLOTS))
+        return -ENOMEM;
+    memset(block, 0, sizeof(struct bt_timer) * BT_BLOCK_SLOTS);
+
+    pthread_mutex_lock(&tt->pool_mutex);
+    uint32_t n = atomic_load_explicit(&tt->nblocks, memory_order_relaxed);
+    if (n >= BT_MAX_BLOCKS) {
+        pthread_mutex_unlock(&tt->pool_mutex);
+        free(block);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
+        struct bt_timer *t = &block[i];
+        /* Generation starts at 1 so that no valid id is ever 0. */
+        atomic_init(&t->word, BT_WORD(1, BT_S_FREE));
+        t->slot = (n << BT_BLOCK_SHIFT) | i;
+        t->bucket = b;
+        t->next = (i + 1 < BT_BLOCK_SLOTS) ? &block[i + 1] : NULL;
+    }
+    /* Release: a reader that finds the block sees its initialised slots. */
+    atomic_store_explicit(&tt->blocks[n], block, memory_order_release);
+    atomic_store_explicit(&tt->nblocks, n + 1, memory_order_release);
+    pthread_mutex_unlock(&tt->pool_mutex);
+
+    bt__pool_free_chain(tt, b, &block[0], &block[BT_BLOCK_SLOTS - 1], BT_BLOCK_SLOTS);
+    return 0;
+}
+
+void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
+                         struct bt_timer *tail, uint32_t n) {
+    struct bt__bucket *bk = &tt->buckets[b];
+    pthread_mutex_lock(&bk->mutex);
+    tail->next = bk->free;
+    bk->free = head;
+    bk->nfree += n;
+    pthread_mutex_unlock(&bk->mutex);
+}
+
+void bt__slot_retire(struct bt_timer *t) {
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
+    uint32_t gen = BT_WORD_GEN(w) + 1;
+    if (gen == 0) gen = 1; /* wrapped: skip 0 so ids stay nonzero */
+    t->port = NULL;
+    t->fn = NULL;
+    t->arg = NULL;
+    /* Release: pairs with the acquire CAS of a later owner of the slot. */
+    atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_FREE), memory_order_release);
+}

@@ -1,0 +1,354 @@
+/*
+ * test_core.c -- C-only tests of the core, run by ctest (and under the
+ * sanitizers).  Each test is a function; CHECK prints the failing expression
+ * and counts it.  Prints "N passed, N failed" at the end.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bucketimer.h"
+
+static int failures;
+static int checks_failed_in_test;
+
+#define CHECK(cond)                                                              \
+    do {                                                                         \
+        if (!(cond)) {                                                           \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            checks_failed_in_test++;                                             \
+        }                                                                        \
+    } while (0)
+
+#define MS 1000000LL
+
+/* ---- a recorder for native callbacks ----------------------------------- */
+
+#define MAX_REC 100000
+struct rec {
+    _Atomic size_t n;
+    uint64_t ids[MAX_REC];
+    int64_t at[MAX_REC];
+    int64_t deadline[MAX_REC];
+};
+
+struct rec_arg {
+    struct rec *rec;
+    int64_t deadline;
+    int manual;
+    bt_timer_thread *tt;
+};
+
+static void record(void *arg, uint64_t id) {
+    struct rec_arg *a = arg;
+    size_t i = atomic_fetch_add(&a->rec->n, 1);
+    if (i < MAX_REC) {
+        a->rec->ids[i] = id;
+        a->rec->at[i] = a->manual ? bt_time_ns(a->tt) : bt_now_ns();
+        a->rec->deadline[i] = a->deadline;
+    }
+}
+
+static bt_timer_thread *manual_core(void) {
+    bt_options o;
+    bt_options_init(&o);
+    o.manual_clock = 1;
+    o.manual_start_ns = 1000;
+    bt_timer_thread *tt = NULL;
+    int rc = bt_create(&o, &tt);
+    CHECK(rc == 0 && tt);
+    return tt;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+static void test_manual_order_and_ties(void) {
+    bt_timer_thread *tt = manual_core();
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    static struct rec_arg args[6];
+    int64_t deadlines[6] = {5000, 3000, 3000, 4000, 3000, 1500};
+    uint64_t ids[6];
+    for (int i = 0; i < 6; i++) {
+        args[i] = (struct rec_arg){&rec, deadlines[i], 1, tt};
+        CHECK(bt_schedule_native(tt, deadlines[i], record, &args[i], &ids[i]) == 0);
+        CHECK(ids[i] != 0);
+    }
+    CHECK(bt_next_deadline(tt) == 1500);
+    CHECK(bt_advance(tt, 999) == 0);
+    CHECK(atomic_load(&rec.n) == 0);
+    CHECK(bt_advance(tt, 3000) == 4);
+    /* 1500 first, then the three 3000s in schedule order */
+    CHECK(rec.ids[0] == ids[5]);
+    CHECK(rec.ids[1] == ids[1]);
+    CHECK(rec.ids[2] == ids[2]);
+    CHECK(rec.ids[3] == ids[4]);
+    for (size_t i = 0; i < atomic_load(&rec.n); i++) CHECK(rec.at[i] >= rec.deadline[i]);
+    /* three-way cancel */
+    CHECK(bt_cancel(tt, ids[3]) == BT_CANCELLED);
+    CHECK(bt_cancel(tt, ids[3]) == BT_TOO_LATE);  /* already cancelled */
+    CHECK(bt_cancel(tt, ids[1]) == BT_UNKNOWN);   /* ran, slot recycled */
+    CHECK(bt_cancel(tt, 0) == BT_UNKNOWN);
+    CHECK(bt_cancel(tt, ((uint64_t)77 << 32) | 5) == BT_UNKNOWN);
+    CHECK(bt_cancel(tt, 0xffffffffffffffffULL) == BT_UNKNOWN);
+    CHECK(bt_advance(tt, 10000) == 1);
+    CHECK(rec.ids[4] == ids[0]);
+    bt_stats s;
+    bt_get_stats(tt, &s);
+    CHECK(s.scheduled == 6);
+    CHECK(s.cancelled == 1);
+    CHECK(s.fired == 5);
+    CHECK(s.ran == 5);
+    CHECK(s.early_fires == 0);
+    CHECK(s.heap_size == 0);
+    CHECK(s.slots_free == s.slots);
+    bt_destroy(tt);
+}
+
+static void test_stale_id_after_reuse(void) {
+    bt_timer_thread *tt = manual_core();
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    struct rec_arg a = {&rec, 2000, 1, tt};
+    uint64_t id1, id2;
+    CHECK(bt_schedule_native(tt, 2000, record, &a, &id1) == 0);
+    CHECK(bt_advance(tt, 2000) == 1);
+    /* the slot is reused by the next schedule on this thread */
+    CHECK(bt_schedule_native(tt, 3000, record, &a, &id2) == 0);
+    CHECK((uint32_t)id1 == (uint32_t)id2);
+    CHECK(id1 != id2);
+    CHECK(bt_cancel(tt, id1) == BT_UNKNOWN); /* stale: must not cancel id2 */
+    CHECK(bt_advance(tt, 3000) == 1);
+    CHECK(atomic_load(&rec.n) == 2);
+    bt_destroy(tt);
+}
+
+static void test_ports_manual(void) {
+    bt_timer_thread *tt = manual_core();
+    bt_port *p;
+    CHECK(bt_port_open(tt, 1, &p) == 0);
+    CHECK(bt_port_fd(p) >= 0);
+    uint64_t ids[4];
+    for (int i = 0; i < 4; i++)
+        CHECK(bt_schedule_port(tt, 2000 + i, p, (void *)(intptr_t)(i + 1), &ids[i]) == 0);
+    CHECK(bt_advance(tt, 2002) == 3);
+    /* posted but not yet run: a cancel still wins */
+    CHECK(bt_cancel(tt, ids[1]) == BT_CANCELLED);
+    struct pollfd pfd = {bt_port_fd(p), POLLIN, 0};
+    CHECK(poll(&pfd, 1, 0) == 1);
+    uint64_t out[8];
+    size_t n = bt_port_drain_ids(p, out, 8);
+    CHECK(n == 2);
+    CHECK(out[0] == ids[0] && out[1] == ids[2]);
+    pfd.revents = 0;
+    CHECK(poll(&pfd, 1, 0) == 0); /* acked */
+    bt_stats s;
+    bt_get_stats(tt, &s);
+    CHECK(s.eventfd_writes == 1); /* one pass, one write */
+    CHECK(s.posted == 3);
+    /* a detached port never gets signalled; its timers go to the orphans */
+    CHECK(bt_port_detach(p) == 0);
+    CHECK(bt_port_fd(p) == -1);
+    CHECK(bt_advance(tt, 5000) == 1);
+    CHECK(bt_port_drain_ids(p, out, 8) == 0);
+    CHECK(bt_port_drain_ids(bt_orphans(tt), out, 8) == 1 && out[0] == ids[3]);
+    bt_destroy(tt);
+}
+
+static void test_bad_input(void) {
+    bt_timer_thread *tt = manual_core();
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, 1, NULL, NULL, &id) == -EINVAL);
+    CHECK(bt_schedule_port(tt, 1, NULL, NULL, &id) == -EINVAL);
+    bt_timer_thread *other = manual_core();
+    bt_port *foreign;
+    CHECK(bt_port_open(other, 0, &foreign) == 0);
+    CHECK(bt_schedule_port(tt, 1, foreign, NULL, &id) == -EINVAL);
+    bt_options o;
+    bt_options_init(&o);
+    o.num_buckets = 100000;
+    bt_timer_thread *bad = NULL;
+    CHECK(bt_create(&o, &bad) == -EINVAL && bad == NULL);
+    bt_timer_thread *real;
+    CHECK(bt_create(NULL, &real) == 0);
+    CHECK(bt_advance(real, 5) == -EINVAL);
+    bt_destroy(real);
+    bt_destroy(other);
+    bt_destroy(tt);
+}
+
+static void test_garbage_bounded(void) {
+    /* A million schedule+cancel pairs of far-away timers: bucket lists are
+     * drained at the threshold and the heap never holds the dead. */
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    static struct rec rec;
+    struct rec_arg a = {&rec, 0, 0, tt};
+    int64_t far = bt_now_ns() + 3600LL * 1000 * MS;
+    uint64_t max_list = 0, max_slots = 0;
+    for (int i = 0; i < 1000000; i++) {
+        uint64_t id;
+        CHECK(bt_schedule_native(tt, far + i, record, &a, &id) == 0);
+        CHECK(bt_cancel(tt, id) == BT_CANCELLED);
+        if ((i & 8191) == 0) {
+            bt_stats s;
+            bt_get_stats(tt, &s);
+            if (s.list_size > max_list) max_list = s.list_size;
+            if (s.slots > max_slots) max_slots = s.slots;
+        }
+    }
+    usleep(20000);
+    bt_stats s;
+    bt_get_stats(tt, &s);
+    printf("  garbage: max list %llu, slots %llu, drains %llu, wakeups %llu, heap %llu\n",
+           (unsigned long long)max_list, (unsigned long long)s.slots,
+           (unsigned long long)s.drains, (unsigned long long)s.wakeups,
+           (unsigned long long)s.heap_size);
+    CHECK(max_list <= 2 * 4096);
+    CHECK(s.slots <= 64 * 1024);
+    CHECK(s.heap_size <= 4096);
+    CHECK(s.wakeups < 1000);
+    bt_destroy(tt);
+}
+
+static void test_heap_sweep(void) {
+    /* Live timers that reach the heap and are cancelled there get swept. */
+    bt_timer_thread *tt = manual_core();
+    static struct rec rec;
+    struct rec_arg a = {&rec, 0, 1, tt};
+    enum { N = 20000 };
+    static uint64_t ids[N];
+    for (int i = 0; i < N; i++) CHECK(bt_schedule_native(tt, 1000000 + i, record, &a, &ids[i]) == 0);
+    CHECK(bt_advance(tt, 1001) == 0); /* collects into the heap */
+    for (int i = 0; i < N; i++) CHECK(bt_cancel(tt, ids[i]) == BT_CANCELLED);
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, 1000000, record, &a, &id) == 0);
+    CHECK(bt_advance(tt, 1002) == 0);
+    bt_stats s;
+    bt_get_stats(tt, &s);
+    CHECK(s.sweeps >= 1);
+    CHECK(s.heap_size == 1);
+    CHECK(s.dead == 0);
+    bt_destroy(tt);
+}
+
+static void test_real_thread_fires_on_time(void) {
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    enum { N = 2000 };
+    static struct rec_arg args[N];
+    static uint64_t ids[N];
+    int64_t now = bt_now_ns();
+    unsigned seed = 12345;
+    int cancelled = 0;
+    for (int i = 0; i < N; i++) {
+        int64_t d = now + (int64_t)(rand_r(&seed) % 50) * MS + (rand_r(&seed) % 1000);
+        args[i] = (struct rec_arg){&rec, d, 0, tt};
+        CHECK(bt_schedule_native(tt, d, record, &args[i], &ids[i]) == 0);
+    }
+    for (int i = 0; i < N; i += 3)
+        if (bt_cancel(tt, ids[i]) == BT_CANCELLED) cancelled++;
+    usleep(120000);
+    bt_stop(tt); /* joins the thread: its writes to rec happen-before ours */
+    size_t n = atomic_load(&rec.n);
+    CHECK(n == (size_t)(N - cancelled));
+    int early = 0;
+    for (size_t i = 0; i < n && i < MAX_REC; i++)
+        if (rec.at[i] < rec.deadline[i]) early++;
+    CHECK(early == 0);
+    /* each id at most once */
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = 0; j < i && j < 64; j++) CHECK(rec.ids[i] != rec.ids[i - 1 - j % i]);
+    bt_stats s;
+    bt_get_stats(tt, &s);
+    CHECK(s.early_fires == 0);
+    CHECK(s.ran == n);
+    bt_destroy(tt);
+}
+
+static void test_wake_for_earlier(void) {
+    /* A far timer first, then a near one: the near one must wake the thread. */
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    struct rec_arg far = {&rec, bt_now_ns() + 10000 * MS, 0, tt};
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, far.deadline, record, &far, &id) == 0);
+    usleep(5000);
+    struct rec_arg near = {&rec, bt_now_ns() + 2 * MS, 0, tt};
+    CHECK(bt_schedule_native(tt, near.deadline, record, &near, &id) == 0);
+    usleep(30000);
+    bt_stop(tt);
+    CHECK(atomic_load(&rec.n) == 1);
+    bt_destroy(tt);
+}
+
+static _Atomic int dropped_count;
+static void on_drop(void *ctx, bt_port *port, void *payload) {
+    (void)ctx;
+    (void)port;
+    (void)payload;
+    atomic_fetch_add(&dropped_count, 1);
+}
+
+static void test_stop_drops_pending(void) {
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    struct rec_arg a = {&rec, 0, 0, tt};
+    bt_port *p;
+    CHECK(bt_port_open(tt, 1, &p) == 0);
+    uint64_t id;
+    for (int i = 0; i < 100; i++)
+        CHECK(bt_schedule_native(tt, bt_now_ns() + 1000 * MS, record, &a, &id) == 0);
+    CHECK(bt_schedule_port(tt, bt_now_ns() + 1000 * MS, p, NULL, &id) == 0);
+    CHECK(bt_drop_all(tt, on_drop, NULL) == -EBUSY);
+    CHECK(bt_stop(tt) == 0);
+    CHECK(bt_stop(tt) == 0);
+    CHECK(bt_is_stopped(tt));
+    CHECK(bt_schedule_native(tt, 0, record, &a, &id) == -ESHUTDOWN);
+    CHECK(bt_drop_all(tt, on_drop, NULL) == 101);
+    CHECK(atomic_load(&dropped_count) == 101);
+    CHECK(bt_cancel(tt, id) == BT_TOO_LATE);
+    CHECK(atomic_load(&rec.n) == 0);
+    bt_destroy(tt);
+}
+
+struct test {
+    const char *name;
+    void (*fn)(void);
+};
+
+int main(void) {
+    struct test tests[] = {
+        {"manual_order_and_ties", test_manual_order_and_ties},
+        {"stale_id_after_reuse", test_stale_id_after_reuse},
+        {"ports_manual", test_ports_manual},
+        {"bad_input", test_bad_input},
+        {"garbage_bounded", test_garbage_bounded},
+        {"heap_sweep", test_heap_sweep},
+        {"real_thread_fires_on_time", test_real_thread_fires_on_time},
+        {"wake_for_earlier", test_wake_for_earlier},
+        {"stop_drops_pending", test_stop_drops_pending},
+    };
+    int passed = 0;
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        checks_failed_in_test = 0;
+        tests[i].fn();
+        printf("%s %s\n", checks_failed_in_test ? "FAIL" : "ok  ", tests[i].name);
+        if (checks_failed_in_test) failures++;
+        else passed++;
+    }
+    printf("%d passed, %d failed\n", passed, failures);
+    return failures ? 1 : 0;
+}
