@@ -106,7 +106,7 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     tt->nearest = BT_NEVER;
     atomic_init(&tt->manual_now, opt.manual_start_ns);
 
-    int rc = bt_port_open(tt, 0, &tt->orphans);
+    int rc = bt_port_open(tt, !opt.manual_clock, &tt->orphans);
     if (rc) goto fail;
     if (!opt.manual_clock) {
         /* The timer thread runs with every signal blocked: signals are the

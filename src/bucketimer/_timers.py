@@ -1,0 +1,286 @@
+"""TimerThread: the Python side of the native core.
+
+The hot path (``call_later``, ``call_at``, ``Handle.cancel``, ``Port.drain``)
+is C, in ``_core.c``.  This module does what happens once per loop or once per
+TimerThread: creating a loop's port and registering it with
+``loop.add_reader``, detaching it when the loop closes, running the dispatcher
+thread for timers scheduled outside any loop, closing, and the process-wide
+default TimerThread (reset in a child after ``fork()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextvars
+import logging
+import os
+import select
+import threading
+import weakref
+from typing import Any, Callable
+
+from . import _core
+
+try:  # private, but the exact text asyncio itself reports
+    from asyncio.format_helpers import _format_callback_source
+except ImportError:  # pragma: no cover
+
+    def _format_callback_source(func: Any, args: Any) -> str:
+        return repr(func)
+
+
+__all__ = ["TimerThread", "Handle", "call_later", "call_at", "default_timer_thread"]
+
+logger = logging.getLogger("bucketimer")
+
+Handle = _core.Handle
+
+
+def _report_to_loop(loop: asyncio.AbstractEventLoop, handle: Any, exc: BaseException) -> None:
+    """Report a failing callback exactly as asyncio reports a failing handle."""
+    cb = _format_callback_source(handle.callback, handle.args or ())
+    loop.call_exception_handler(
+        {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
+    )
+
+
+def _report_to_log(handle: Any, exc: BaseException) -> None:
+    logger.error("Exception in timer callback %r", handle, exc_info=exc)
+
+
+class TimerThread(_core.TimerThread):
+    """One native timer thread and the timers it keeps.
+
+    ``TimerThread(buckets=13, *, drain_threshold=4096)`` starts the thread.
+    Schedule from any thread with :meth:`call_later` / :meth:`call_at`; a
+    timer scheduled inside a running event loop (or with ``loop=``) runs in
+    that loop's thread, any other on this TimerThread's dispatcher thread.
+    :meth:`close` stops the thread; pending timers are dropped, never called.
+    """
+
+    def __init__(self, buckets: int = 13, *, drain_threshold: int = 4096) -> None:
+        super().__init__(buckets, drain_threshold=drain_threshold)
+        self._lock = threading.RLock()
+        self._ports: dict[Any, _core.Port] = {}
+        self._dispatcher: _core.Port | None = None
+        self._orphan_port: _core.Port | None = None
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = -1, -1
+        self._closing = False
+        self._pid = os.getpid()
+        _live.add(self)
+
+    # -- where timers go ---------------------------------------------------
+
+    def _port_for(self, loop: Any) -> _core.Port:
+        """Called by the C hot path the first time it meets a loop."""
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("TimerThread is closed")
+            if loop is None:
+                if self._dispatcher is None:
+                    port = self._open_port(None)
+                    port.on_error = _report_to_log
+                    self._dispatcher = port
+                    self._start_dispatcher()
+                return self._dispatcher
+            port = self._ports.get(loop)
+            if port is not None and port.fileno() >= 0:
+                return port
+            if not isinstance(loop, asyncio.AbstractEventLoop):
+                raise TypeError(f"loop must be an asyncio event loop or None, not {type(loop).__name__}")
+            if loop.is_closed():
+                raise RuntimeError("cannot schedule on a closed event loop")
+            port = self._open_port(loop)
+            port.on_error = _make_loop_reporter(loop)
+            self._ports[loop] = port
+            self._start_dispatcher()  # releases what a closed loop leaves behind
+        self._watch_close(loop)
+        fd = port.fileno()
+        if asyncio.events._get_running_loop() is loop or not loop.is_running():
+            loop.add_reader(fd, port.drain)
+        else:
+            loop.call_soon_threadsafe(_add_reader_if_open, loop, port)
+        return port
+
+    def _watch_close(self, loop: Any) -> None:
+        """Detach the loop's port when the loop closes, before its selector goes."""
+        ref = weakref.ref(self)
+        orig_close = loop.close
+
+        def close() -> None:
+            tt = ref()
+            if tt is not None:
+                tt._detach_loop(loop)
+            orig_close()
+
+        try:
+            loop.close = close
+        except (AttributeError, TypeError):  # a loop class without __dict__
+            pass
+
+    def _detach_loop(self, loop: Any) -> None:
+        with self._lock:
+            port = self._ports.pop(loop, None)
+        if port is None:
+            return
+        fd = port.fileno()
+        if fd >= 0 and not loop.is_closed():
+            try:
+                loop.remove_reader(fd)
+            except Exception:  # a loop half torn down: nothing to unregister
+                pass
+        port.detach()
+
+    # -- the dispatcher thread ----------------------------------------------
+
+    def _start_dispatcher(self) -> None:
+        if self._thread is not None:
+            return
+        self._orphan_port = self._orphans()
+        self._wake_r, self._wake_w = os.pipe()
+        if self._dispatcher is None:
+            port = self._open_port(None)
+            port.on_error = _report_to_log
+            self._dispatcher = port
+        t = threading.Thread(
+            target=_dispatch,
+            args=(self._dispatcher, self._orphan_port, self._wake_r),
+            name="bucketimer-dispatcher",
+            daemon=True,
+        )
+        self._thread = t
+        t.start()
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop and join the timer thread; drop pending timers without calling them.
+
+        After ``close()`` returns no callback of this TimerThread starts, and
+        scheduling raises ``RuntimeError``.  A callback already running
+        finishes.  Idempotent.
+        """
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        if os.getpid() != self._pid:  # a copy inherited through fork()
+            return
+        self._close_core()
+        for loop in list(self._ports):
+            if loop.is_closed() or asyncio.events._get_running_loop() is loop or not loop.is_running():
+                self._detach_loop(loop)
+            else:
+                try:
+                    loop.call_soon_threadsafe(self._detach_loop, loop)
+                except RuntimeError:  # closed meanwhile
+                    self._detach_loop(loop)
+        t = self._thread
+        if t is not None:
+            os.write(self._wake_w, b"x")
+            if t is not threading.current_thread():
+                t.join(timeout=1.0)
+            if not t.is_alive():
+                os.close(self._wake_r)
+            os.close(self._wake_w)
+        if self._dispatcher is not None:
+            self._dispatcher.detach()
+        if self._orphan_port is not None:
+            self._orphan_port.drain()
+
+    def __enter__(self) -> "TimerThread":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "running"
+        return f"<bucketimer.TimerThread {state} ports={len(self._ports)}>"
+
+
+def _make_loop_reporter(loop: Any) -> Callable[[Any, BaseException], None]:
+    def report(handle: Any, exc: BaseException) -> None:
+        _report_to_loop(loop, handle, exc)
+
+    return report
+
+
+def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
+    fd = port.fileno()
+    if fd >= 0 and not loop.is_closed():
+        loop.add_reader(fd, port.drain)
+
+
+def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int) -> None:
+    """The dispatcher thread: runs timers that belong to no loop, and releases
+    (without running) timers whose loop closed before they came due."""
+    fds = [port.fileno(), orphans.fileno(), wake_r]
+    while True:
+        try:
+            ready, _, _ = select.select(fds, [], [])
+        except (OSError, ValueError):  # an fd was closed under us: we are closing
+            return
+        if wake_r in ready:
+            return
+        try:
+            port.drain()
+            orphans.drain()
+        except BaseException:  # KeyboardInterrupt/SystemExit from a callback
+            logger.exception("bucketimer dispatcher: callback raised")
+
+
+# -- the process-wide default ----------------------------------------------------
+
+_live: "weakref.WeakSet[TimerThread]" = weakref.WeakSet()
+_default: TimerThread | None = None
+_default_lock = threading.Lock()
+
+
+def default_timer_thread() -> TimerThread:
+    """The process-wide TimerThread, created on first use (and anew after fork)."""
+    global _default
+    tt = _default
+    if tt is None or tt.closed:
+        with _default_lock:
+            tt = _default
+            if tt is None or tt.closed:
+                tt = _default = TimerThread()
+    return tt
+
+
+def call_later(delay: float, callback: Callable[..., object], *args: Any,
+               loop: Any = None, context: contextvars.Context | None = None) -> Any:
+    """``default_timer_thread().call_later(...)``."""
+    return default_timer_thread().call_later(delay, callback, *args, loop=loop, context=context)
+
+
+def call_at(when: float, callback: Callable[..., object], *args: Any,
+            loop: Any = None, context: contextvars.Context | None = None) -> Any:
+    """``default_timer_thread().call_at(...)``."""
+    return default_timer_thread().call_at(when, callback, *args, loop=loop, context=context)
+
+
+def _after_fork_in_child() -> None:
+    # Nothing of the parent's threads exists here: forget its TimerThreads
+    # (their cores refuse work) and build a fresh default on first use.
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+    for tt in list(_live):
+        tt._closing = True
+    _live.clear()
+
+
+def _close_all_at_exit() -> None:
+    for tt in list(_live):
+        try:
+            tt.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_close_all_at_exit)
