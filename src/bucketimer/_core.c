@@ -61,6 +61,10 @@ typedef struct {
     PyTypeObject *Port_Type;
     PyObject *get_running_loop; /* asyncio's C _get_running_loop */
     PyObject *str_port_for;     /* "_port_for" */
+#if PY_VERSION_HEX < 0x030C0000
+    PyObject *str_running_loop_key;
+    PyTypeObject *holder_type;  /* _asyncio._RunningLoopHolder, once seen */
+#endif
 } core_state;
 
 static inline core_state *get_state(PyObject *module) {
@@ -125,6 +129,56 @@ static PyObject *raise_errno(int rc, const char *what) {
     errno = -rc;
     PyErr_Format(PyExc_OSError, "%s failed: %s", what, strerror(-rc));
     return NULL;
+}
+
+/* ---- the running loop ----------------------------------------------------
+ * asyncio's C _get_running_loop on 3.11 calls getpid() on every call (a
+ * syscall since glibc stopped caching it) to hide a parent's loop from a
+ * forked child.  That is a third of a schedule+cancel pair.  On 3.11 we read
+ * the same per-thread holder asyncio reads and compare its pid with one we
+ * cache and refresh after fork().  3.12 dropped the pid check, so there we
+ * call asyncio's function. */
+
+#if PY_VERSION_HEX < 0x030C0000
+#include <unistd.h>
+typedef struct {
+    PyObject_HEAD
+    PyObject *rl_loop;
+    pid_t rl_pid;
+} running_loop_holder; /* _asynciomodule.c, 3.11 */
+
+static _Atomic pid_t cached_pid;
+static void refresh_pid(void) { atomic_store(&cached_pid, getpid()); }
+static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+static void install_pid_cache(void) {
+    refresh_pid();
+    pthread_atfork(NULL, NULL, refresh_pid);
+}
+#endif
+
+/* New reference to the running loop of this thread, or to None. */
+static PyObject *running_loop(core_state *st) {
+#if PY_VERSION_HEX < 0x030C0000
+    PyObject *d = PyThreadState_GetDict();
+    if (d) {
+        PyObject *holder = PyDict_GetItemWithError(d, st->str_running_loop_key);
+        if (!holder) {
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        if (!st->holder_type &&
+            strstr(Py_TYPE(holder)->tp_name, "_RunningLoopHolder") != NULL &&
+            Py_TYPE(holder)->tp_basicsize == sizeof(running_loop_holder))
+            st->holder_type = (PyTypeObject *)Py_NewRef(Py_TYPE(holder));
+        if (Py_TYPE(holder) == st->holder_type) {
+            running_loop_holder *h = (running_loop_holder *)holder;
+            if (h->rl_pid != atomic_load_explicit(&cached_pid, memory_order_relaxed))
+                Py_RETURN_NONE;
+            return Py_NewRef(h->rl_loop);
+        }
+    }
+#endif
+    return PyObject_CallNoArgs(st->get_running_loop);
 }
 
 /* ---- time parsing ------------------------------------------------------- */
@@ -202,13 +256,45 @@ static int Handle_clear(HandleObject *self) {
     return 0;
 }
 
+/* A small free list of Handle objects: a schedule+cancel pair then costs no
+ * allocation and no step towards a GC collection.  Only with the GIL, which
+ * serialises it; free-threaded builds allocate every time. */
+#ifndef Py_GIL_DISABLED
+#define HANDLE_FREELIST_MAX 256
+static HandleObject *handle_freelist[HANDLE_FREELIST_MAX];
+static int handle_freelist_len;
+#endif
+
 static void Handle_dealloc(HandleObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
     Handle_clear(self);
+#ifndef Py_GIL_DISABLED
+    if (handle_freelist_len < HANDLE_FREELIST_MAX && Py_IS_TYPE(self, tp) &&
+        !(tp->tp_flags & Py_TPFLAGS_BASETYPE)) {
+        handle_freelist[handle_freelist_len++] = self;
+        Py_DECREF(tp); /* PyObject_Init takes it again on reuse */
+        return;
+    }
+#endif
     tp->tp_free(self);
     Py_DECREF(tp);
+}
+
+static HandleObject *handle_alloc(PyTypeObject *tp) {
+#ifndef Py_GIL_DISABLED
+    if (handle_freelist_len > 0) {
+        HandleObject *h = handle_freelist[--handle_freelist_len];
+        if (Py_TYPE(h) == tp) {
+            (void)PyObject_Init((PyObject *)h, tp);
+            return h;
+        }
+        /* another interpreter's (or a reloaded module's) type: let it go */
+        PyObject_GC_Del(h);
+    }
+#endif
+    return PyObject_GC_New(HandleObject, tp);
 }
 
 /* Drops what a finished handle no longer needs (the tt and port stay, so
@@ -676,7 +762,7 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
     /* Where it will be delivered. */
     PyObject *resolved = NULL;
     if (loop == NULL || loop == Py_None) {
-        resolved = PyObject_CallNoArgs(self->state->get_running_loop);
+        resolved = running_loop(self->state);
         if (!resolved) return NULL;
     } else {
         resolved = Py_NewRef(loop);
@@ -703,7 +789,7 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
         }
     }
 
-    HandleObject *h = PyObject_GC_New(HandleObject, self->state->Handle_Type);
+    HandleObject *h = handle_alloc(self->state->Handle_Type);
     if (!h) return NULL;
     h->tt = (TimerThreadObject *)Py_NewRef(self);
     h->port = (PortObject *)Py_NewRef(port);
@@ -854,6 +940,11 @@ static int core_exec(PyObject *m) {
     if (!st->get_running_loop) return -1;
     st->str_port_for = PyUnicode_InternFromString("_port_for");
     if (!st->str_port_for) return -1;
+#if PY_VERSION_HEX < 0x030C0000
+    pthread_once(&pid_once, install_pid_cache);
+    st->str_running_loop_key = PyUnicode_InternFromString("__asyncio_running_event_loop__");
+    if (!st->str_running_loop_key) return -1;
+#endif
     if (PyModule_AddIntConstant(m, "CANCELLED", BT_CANCELLED) < 0) return -1;
     if (PyModule_AddIntConstant(m, "TOO_LATE", BT_TOO_LATE) < 0) return -1;
     if (PyModule_AddIntConstant(m, "UNKNOWN", BT_UNKNOWN) < 0) return -1;
@@ -876,6 +967,10 @@ static int core_clear(PyObject *m) {
     Py_CLEAR(st->Port_Type);
     Py_CLEAR(st->get_running_loop);
     Py_CLEAR(st->str_port_for);
+#if PY_VERSION_HEX < 0x030C0000
+    Py_CLEAR(st->str_running_loop_key);
+    Py_CLEAR(st->holder_type);
+#endif
     return 0;
 }
 
