@@ -493,8 +493,10 @@ static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect) {
 }
 
 static void request_collect(bt_timer_thread *tt) {
-    /* Manual-clock mode: the scheduling thread collects itself. */
-    pthread_mutex_lock(&tt->advance_mutex);
+    /* Manual-clock mode: the scheduling thread collects itself.  If a
+     * bt_advance is running (perhaps this very thread, in a native callback)
+     * it will collect anyway: never wait for it. */
+    if (pthread_mutex_trylock(&tt->advance_mutex) != 0) return;
     struct reap_chain chains[BT_MAX_BUCKETS];
     memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
     collect(tt, chains);

@@ -182,9 +182,7 @@ class TimerThread(_core.TimerThread):
             os.write(self._wake_w, b"x")
             if t is not threading.current_thread():
                 t.join(timeout=1.0)
-            if not t.is_alive():
-                os.close(self._wake_r)
-            os.close(self._wake_w)
+            os.close(self._wake_w)  # the dispatcher closes _wake_r as it exits
         if self._dispatcher is not None:
             self._dispatcher.detach()
         if self._orphan_port is not None:
@@ -218,18 +216,21 @@ def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int) -> None:
     """The dispatcher thread: runs timers that belong to no loop, and releases
     (without running) timers whose loop closed before they came due."""
     fds = [port.fileno(), orphans.fileno(), wake_r]
-    while True:
-        try:
-            ready, _, _ = select.select(fds, [], [])
-        except (OSError, ValueError):  # an fd was closed under us: we are closing
-            return
-        if wake_r in ready:
-            return
-        try:
-            port.drain()
-            orphans.drain()
-        except BaseException:  # KeyboardInterrupt/SystemExit from a callback
-            logger.exception("bucketimer dispatcher: callback raised")
+    try:
+        while True:
+            try:
+                ready, _, _ = select.select(fds, [], [])
+            except (OSError, ValueError):  # an fd was closed under us: closing
+                return
+            if wake_r in ready:
+                return
+            try:
+                port.drain()
+                orphans.drain()
+            except BaseException:  # KeyboardInterrupt/SystemExit from a callback
+                logger.exception("bucketimer dispatcher: callback raised")
+    finally:
+        os.close(wake_r)
 
 
 # -- the process-wide default ----------------------------------------------------
