@@ -138,6 +138,8 @@ def bench(session: nox.Session) -> None:
     session.run(
         "pytest",
         "benchmarks",
+        "-o",
+        "python_files=bench_*.py",
         "--benchmark-only",
         "--benchmark-disable-gc",
         *session.posargs,
