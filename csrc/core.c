@@ -168,13 +168,21 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_nat
                     void *arg, uint64_t *out_id) {
     if (!tt || !out_id) return -EINVAL;
     if (forked(tt)) return -ECHILD;
-    if (atomic_load_explicit(&tt->stop, memory_order_acquire)) return -ESHUTDOWN;
     uint32_t b = bucket_of_caller(tt);
     struct bt__bucket *bk = &tt->buckets[b];
     uint64_t seq = atomic_fetch_add_explicit(&tt->seq, 1, memory_order_relaxed);
 
     pthread_mutex_lock(&bk->mutex);
-    while (!bk->free) {
+    for (;;) {
+        /* Checked under the bucket lock: bt_stop sets the flag and then
+         * takes every bucket lock once, so a schedule either sees the flag
+         * or publishes its timer before bt_stop returns (and bt_drop_all
+         * finds it). */
+        if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) {
+            pthread_mutex_unlock(&bk->mutex);
+            return -ESHUTDOWN;
+        }
+        if (bk->free) break;
         /* Allocation happens outside the bucket lock (rule 3). */
         pthread_mutex_unlock(&bk->mutex);
         int rc = bt__pool_grow(tt, b);
@@ -186,9 +194,9 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_nat
     bk->nfree--;
     t->deadline = deadline;
     t->seq = seq;
-    t->port = port;
+    BT_STORE(t->port, port);
     t->fn = fn;
-    t->arg = arg;
+    BT_STORE(t->arg, arg);
     uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
     uint32_t gen = BT_WORD_GEN(w);
     /* Release: whoever acquires this word sees the fields above. */
@@ -395,7 +403,7 @@ static void maybe_sweep(bt_timer_thread *tt, struct reap_chain *chains) {
 
 /* Adds a fired timer to its port's batch for this pass. */
 static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
-    bt_port *p = t->port;
+    bt_port *p = BT_LOAD(t->port);
     if (atomic_load_explicit(&p->detached, memory_order_acquire)) p = tt->orphans;
     t->next = p->pass_head; /* newest first, as the port's stack wants */
     p->pass_head = t;
@@ -440,7 +448,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
         uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
         uint32_t gen = BT_WORD_GEN(w);
         uint64_t expected = BT_WORD(gen, BT_S_PENDING);
-        if (t->port) {
+        if (BT_LOAD(t->port)) {
             if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
                                                          BT_WORD(gen, BT_S_POSTED),
                                                          memory_order_acq_rel,
@@ -465,7 +473,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
             bt__hist_add(tt->hist_native, late);
             /* Post what is staged first: a native callback may be slow. */
             flush_posts(tt);
-            t->fn(t->arg, ((uint64_t)gen << 32) | t->slot);
+            t->fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);
             bt__bump(&tt->ran_native, 1);
             bt__slot_retire(t);
             bt__pool_free_chain(tt, t->bucket, t, t, 1);
@@ -604,6 +612,12 @@ int bt_stop(bt_timer_thread *tt) {
     atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
     pthread_mutex_unlock(&tt->wake_mutex);
     if (already) return 0;
+    /* Fence every bucket: a schedule in flight either saw the flag or has
+     * published its timer once we hold its bucket's lock. */
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        pthread_mutex_lock(&tt->buckets[b].mutex);
+        pthread_mutex_unlock(&tt->buckets[b].mutex);
+    }
     if (tt->started) {
         bt__futex_wake(&tt->nsignals);
         pthread_join(tt->thread, NULL);
@@ -628,13 +642,19 @@ int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
             for (;;) {
                 uint32_t st = BT_WORD_STATE(w);
                 if (st != BT_S_PENDING && st != BT_S_POSTED) break;
+                /* Read before the CAS: once it succeeds the slot's owner may
+                 * retire and reuse it at once.  The acquire load of w made
+                 * the fields of this generation visible; if the slot moved
+                 * on since, the CAS fails. */
+                bt_port *port = BT_LOAD(t->port);
+                void *arg = BT_LOAD(t->arg);
                 if (atomic_compare_exchange_weak_explicit(
                         &t->word, &w, BT_WORD(BT_WORD_GEN(w), BT_S_CANCELLED),
                         memory_order_acq_rel, memory_order_acquire)) {
                     atomic_fetch_add_explicit(&tt->buckets[0].cancelled, 1,
                                               memory_order_relaxed);
                     dropped++;
-                    if (on_drop) on_drop(ctx, t->port, t->arg);
+                    if (on_drop) on_drop(ctx, port, arg);
                     break;
                 }
             }

@@ -51,9 +51,12 @@ struct bt_timer {
     int64_t deadline;       /* CLOCK_MONOTONIC ns */
     uint64_t seq;           /* schedule order; breaks deadline ties */
     struct bt_timer *next;  /* bucket list, free list or port queue link */
-    bt_port *port;          /* NULL: native timer */
+    /* port and arg are read by bt_drop_all before it owns the slot, so they
+     * are relaxed atomics (plain moves on x86); only a scheduler writes them,
+     * before the release store that publishes PENDING. */
+    _Atomic(bt_port *) port; /* NULL: native timer */
     bt_native_fn fn;        /* native timers */
-    void *arg;              /* native arg, or port payload */
+    _Atomic(void *) arg;    /* native arg, or port payload */
     uint32_t slot;          /* index in the directory */
     uint32_t bucket;        /* home bucket: where the slot is freed to */
 };
@@ -192,6 +195,9 @@ void bt__port_free(bt_port *port);
 void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);
 
 /* Single-writer counter bump: a relaxed load and store, no lock prefix. */
+#define BT_LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define BT_STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+
 static inline void bt__bump(_Atomic uint64_t *c, uint64_t n) {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
                           memory_order_relaxed);

@@ -81,9 +81,8 @@ void bt__slot_retire(struct bt_timer *t) {
     uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
     uint32_t gen = BT_WORD_GEN(w) + 1;
     if (gen == 0) gen = 1; /* wrapped: skip 0 so ids stay nonzero */
-    t->port = NULL;
-    t->fn = NULL;
-    t->arg = NULL;
+    /* port/fn/arg are left as they are: the next schedule overwrites them,
+     * and a racing bt_drop_all may still read them (its CAS then fails). */
     /* Release: pairs with the acquire CAS of a later owner of the slot. */
     atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_FREE), memory_order_release);
 }

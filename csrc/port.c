@@ -168,7 +168,7 @@ uint64_t bt_timer_id(bt_timer *t) {
     return ((uint64_t)BT_WORD_GEN(w) << 32) | t->slot;
 }
 
-void *bt_timer_payload(bt_timer *t) { return t->arg; }
+void *bt_timer_payload(bt_timer *t) { return BT_LOAD(t->arg); }
 
 int64_t bt_timer_deadline(bt_timer *t) { return t->deadline; }
 
@@ -197,9 +197,24 @@ int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
     return 1;
 }
 
+int32_t bt_timer_take(bt_port *port, bt_timer *t) {
+    (void)port;
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+    uint32_t gen = BT_WORD_GEN(w);
+    uint64_t expected = BT_WORD(gen, BT_S_POSTED);
+    return atomic_compare_exchange_strong_explicit(&t->word, &expected,
+                                                   BT_WORD(gen, BT_S_RUNNING),
+                                                   memory_order_acq_rel,
+                                                   memory_order_acquire)
+               ? 1
+               : 0;
+}
+
 void bt_timer_release(bt_port *port, bt_timer *t) {
     uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
-    if (BT_WORD_STATE(w) != BT_S_RUNNING)
+    /* Only a cancelled timer counts as reaped: the dead-entry estimate is
+     * cancels minus reaped, and must not drift on other releases. */
+    if (BT_WORD_STATE(w) == BT_S_CANCELLED)
         atomic_fetch_add_explicit(&port->tt->consumer_reaped, 1, memory_order_relaxed);
     bt__slot_retire(t);
     bt__pool_free_chain(port->tt, t->bucket, t, t, 1);

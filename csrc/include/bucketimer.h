@@ -172,6 +172,10 @@ int64_t bt_timer_deadline(bt_timer *t);
 /* POSTED -> RUNNING, right before the caller runs it.  1: the caller must run
  * it (its lateness is recorded now); 0: it was cancelled. */
 int32_t bt_timer_claim(bt_port *port, bt_timer *t);
+/* POSTED -> RUNNING without counting a run: a consumer that releases a
+ * timer without running it (its loop closed) takes ownership this way.
+ * 1: taken; 0: it was cancelled. */
+int32_t bt_timer_take(bt_port *port, bt_timer *t);
 /* Returns a popped timer's slot to the pool (RUNNING -> DONE if claimed).
  * The id becomes stale. */
 void bt_timer_release(bt_port *port, bt_timer *t);

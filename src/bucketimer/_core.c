@@ -501,7 +501,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
     bt_timer *t;
     while ((t = bt_port_pop(self->port)) != NULL) {
         HandleObject *h = (HandleObject *)bt_timer_payload(t);
-        if (!bt_timer_claim(self->port, t)) {
+        if (!(drop ? bt_timer_take(self->port, t) : bt_timer_claim(self->port, t))) {
             bt_timer_release(self->port, t);
             continue;
         }
