@@ -104,6 +104,7 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     pthread_mutex_init(&tt->advance_mutex, NULL);
     pthread_mutex_init(&tt->ports_mutex, NULL);
     tt->nearest = BT_NEVER;
+    tt->sweep_cursor = SIZE_MAX;
     atomic_init(&tt->manual_now, opt.manual_start_ns);
 
     int rc = bt_port_open(tt, !opt.manual_clock, &tt->orphans);
@@ -271,7 +272,11 @@ int bt_cancel(bt_timer_thread *tt, uint64_t id) {
         if (atomic_compare_exchange_weak_explicit(&t->word, &w, BT_WORD(gen, BT_S_CANCELLED),
                                                   memory_order_acq_rel, memory_order_acquire)) {
             struct bt__bucket *bk = &tt->buckets[bucket_of_caller(tt)];
-            atomic_fetch_add_explicit(&bk->cancelled, 1, memory_order_relaxed);
+            uint64_t n = atomic_fetch_add_explicit(&bk->cancelled, 1, memory_order_relaxed) + 1;
+            /* Rule 5 needs the thread to look at its garbage even when no
+             * schedule or deadline wakes it: every drain_threshold cancels
+             * of one bucket ask it to collect and consider a sweep. */
+            if (__builtin_expect(n % tt->opt.drain_threshold == 0, 0)) request_collect(tt);
             return BT_CANCELLED;
         }
     }
@@ -390,15 +395,55 @@ static uint64_t reaped_total(bt_timer_thread *tt) {
 
 /* Rule 5: sweep the heap when cancelled entries pass half of it.  The count
  * of dead entries is cancels that won minus slots reaped; it also counts
- * timers cancelled while waiting in a port, so it can only overestimate. */
-static void maybe_sweep(bt_timer_thread *tt, struct reap_chain *chains) {
+ * timers cancelled while waiting in a port, so it can overestimate: what a
+ * finished sweep could not find is remembered as a base, so the same
+ * phantom entries never trigger sweep after sweep.
+ *
+ * The sweep itself runs in slices of SWEEP_SLICE positions (each one a
+ * likely cache miss on a slot), between which the thread fires what is due:
+ * cancelling a million timers at once must not make the next timer late by
+ * the time it takes to look at a million slots. */
+#define SWEEP_SLICE 2048
+
+static uint64_t dead_estimate(bt_timer_thread *tt) {
+    uint64_t c = sum_cancelled(tt), r = reaped_total(tt);
+    return c > r ? c - r : 0;
+}
+
+static void maybe_start_sweep(bt_timer_thread *tt) {
+    if (tt->sweep_cursor != SIZE_MAX) return;
     size_t size = tt->heap.size;
     if (size < tt->opt.sweep_min) return;
-    uint64_t dead = sum_cancelled(tt) - reaped_total(tt);
-    if (dead * 2 <= size) return;
-    bt__heap_sweep(&tt->heap, is_cancelled, reap, chains);
-    bt__bump(&tt->sweeps, 1);
+    uint64_t dead = dead_estimate(tt);
+    if (dead < tt->sweep_dead_base) tt->sweep_dead_base = dead;
+    if ((dead - tt->sweep_dead_base) * 2 <= size) return;
+    tt->sweep_cursor = 0;
+}
+
+/* Runs one slice of a sweep in progress, or (budget SIZE_MAX) all of it in
+ * one exact O(n) compaction. */
+static void sweep_some(bt_timer_thread *tt, struct reap_chain *chains, size_t budget) {
+    if (tt->sweep_cursor == SIZE_MAX) return;
+    int done = 1;
+    if (budget == SIZE_MAX) {
+        bt__heap_sweep(&tt->heap, is_cancelled, reap, chains);
+    } else {
+        size_t removed = 0;
+        done = bt__heap_sweep_step(&tt->heap, is_cancelled, reap, chains, &tt->sweep_cursor,
+                                   budget, &removed);
+    }
     flush_reaped(tt, chains);
+    if (done) {
+        tt->sweep_cursor = SIZE_MAX;
+        tt->sweep_dead_base = dead_estimate(tt);
+        bt__heap_shrink(&tt->heap);
+        bt__bump(&tt->sweeps, 1);
+    }
+}
+
+static void maybe_sweep(bt_timer_thread *tt, struct reap_chain *chains) {
+    maybe_start_sweep(tt);
+    sweep_some(tt, chains, SIZE_MAX);
 }
 
 /* Adds a fired timer to its port's batch for this pass. */
@@ -432,13 +477,24 @@ static void flush_posts(bt_timer_thread *tt) {
 }
 
 /* Pops and fires every timer due at `now`.  Returns how many fired. */
-static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *chains) {
+/* Pops and fires every timer due at `now`, dropping cancelled entries that
+ * reach the top on the way.  At most dead_budget of those are dropped per
+ * call: a million cancelled timers at the top would otherwise hold up, for
+ * as long as their slots take to read, a new timer that the next collect
+ * would put above them.  Sets *more when it stopped for that reason. */
+static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *chains,
+                         size_t dead_budget, int *more) {
     uint64_t fired = 0, posted = 0;
     const struct bt__heap_entry *top;
+    *more = 0;
     while ((top = bt__heap_top(&tt->heap)) != NULL) {
         struct bt_timer *t = top->timer;
         if (is_cancelled(t)) {
             /* Lazy deletion: a dead top is dropped whether due or not. */
+            if (dead_budget-- == 0) {
+                *more = 1;
+                break;
+            }
             bt__heap_pop(&tt->heap);
             reap(t, chains);
             continue;
@@ -468,7 +524,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
                 continue;
             }
             fired++;
-            int64_t late = bt_time_ns(tt) - t->deadline;
+            int64_t late = bt__lateness(bt_time_ns(tt), t->deadline);
             if (late < 0) bt__bump(&tt->early_native, 1);
             bt__hist_add(tt->hist_native, late);
             /* Post what is staged first: a native callback may be slow. */
@@ -485,7 +541,10 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
     return fired;
 }
 
-static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect) {
+#define DEAD_POP_SLICE 2048
+
+static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
+                         int *more) {
     struct reap_chain chains[BT_MAX_BUCKETS];
     memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
     if (do_collect) {
@@ -493,7 +552,7 @@ static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect) {
         flush_reaped(tt, chains);
         maybe_sweep(tt, chains);
     }
-    uint64_t fired = fire_due(tt, now, chains);
+    uint64_t fired = fire_due(tt, now, chains, dead_budget, more);
     flush_reaped(tt, chains);
     bt__bump(&tt->passes, 1);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
@@ -501,7 +560,16 @@ static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect) {
 }
 
 static void request_collect(bt_timer_thread *tt) {
-    /* Manual-clock mode: the scheduling thread collects itself.  If a
+    if (!tt->opt.manual_clock) {
+        /* Ask the thread for a collect pass, as a full bucket list does. */
+        pthread_mutex_lock(&tt->wake_mutex);
+        tt->nearest = INT64_MIN;
+        atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->wake_mutex);
+        bt__futex_wake(&tt->nsignals);
+        return;
+    }
+    /* Manual-clock mode: the calling thread collects itself.  If a
      * bt_advance is running (perhaps this very thread, in a native callback)
      * it will collect anyway: never wait for it. */
     if (pthread_mutex_trylock(&tt->advance_mutex) != 0) return;
@@ -543,9 +611,18 @@ static void *timer_thread_main(void *arg) {
             memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
             collect(tt, chains);
             flush_reaped(tt, chains);
-            maybe_sweep(tt, chains);
+            maybe_start_sweep(tt);
         }
-        one_pass(tt, bt_now_ns(), 0);
+        int more_dead = 0;
+        one_pass(tt, bt_now_ns(), 0, DEAD_POP_SLICE, &more_dead);
+        int sweeping = 0;
+        if (tt->sweep_cursor != SIZE_MAX) {
+            struct reap_chain chains[BT_MAX_BUCKETS];
+            memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
+            sweep_some(tt, chains, SWEEP_SLICE);
+            sweeping = tt->sweep_cursor != SIZE_MAX;
+            atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+        }
 
         const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
         int64_t next = top ? top->deadline : BT_NEVER;
@@ -555,6 +632,8 @@ static void *timer_thread_main(void *arg) {
         int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
         pthread_mutex_unlock(&tt->wake_mutex);
         if (stop) break;
+        /* Next slice of garbage after another look at what is due. */
+        if (sweeping || more_dead) continue;
         now = bt_now_ns();
         if (next <= now) continue;
         bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
@@ -573,7 +652,8 @@ int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
     int64_t cur = atomic_load_explicit(&tt->manual_now, memory_order_relaxed);
     if (now_ns > cur) atomic_store_explicit(&tt->manual_now, now_ns, memory_order_release);
     else now_ns = cur;
-    uint64_t fired = one_pass(tt, now_ns, 1);
+    int more;
+    uint64_t fired = one_pass(tt, now_ns, 1, SIZE_MAX, &more);
     pthread_mutex_unlock(&tt->advance_mutex);
     return (int64_t)fired;
 }

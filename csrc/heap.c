@@ -83,16 +83,45 @@ size_t bt__heap_sweep(struct bt__heap *h, int (*dead)(struct bt_timer *),
     /* Floyd's bottom-up heapify: O(n). */
     if (kept > 1)
         for (size_t i = (kept - 2) / 4 + 1; i-- > 0;) sift_down(h, i);
+    return removed;
+}
+
+void bt__heap_shrink(struct bt__heap *h) {
     /* Give memory back when the heap shrank a lot. */
-    if (h->cap > 4096 && kept < h->cap / 4) {
-        size_t cap = kept * 2 > 1024 ? kept * 2 : 1024;
+    if (h->cap > 4096 && h->size < h->cap / 4) {
+        size_t cap = h->size * 2 > 1024 ? h->size * 2 : 1024;
         struct bt__heap_entry *v = realloc(h->v, cap * sizeof(*v));
         if (v) {
             h->v = v;
             h->cap = cap;
         }
     }
-    return removed;
+}
+
+/* Removes the entry at position i, keeping heap order. */
+static void remove_at(struct bt__heap *h, size_t i) {
+    if (i >= h->size) return;
+    if (i == --h->size) return;
+    h->v[i] = h->v[h->size];
+    if (i > 0 && less(&h->v[i], &h->v[(i - 1) / 4])) sift_up(h, i);
+    else sift_down(h, i);
+}
+
+int bt__heap_sweep_step(struct bt__heap *h, int (*dead)(struct bt_timer *),
+                        void (*drop)(struct bt_timer *, void *), void *ctx, size_t *cursor,
+                        size_t budget, size_t *removed) {
+    size_t i = *cursor;
+    while (budget-- > 0 && i < h->size) {
+        if (dead(h->v[i].timer)) {
+            drop(h->v[i].timer, ctx);
+            remove_at(h, i); /* position i now holds an unexamined entry */
+            (*removed)++;
+        } else {
+            i++;
+        }
+    }
+    *cursor = i;
+    return i >= h->size;
 }
 
 void bt__heap_free(struct bt__heap *h) {

@@ -148,6 +148,8 @@ struct bt_timer_thread {
     /* owned by the timer thread (or the advancing thread); counters have a
      * single writer and are relaxed atomics so bt_get_stats may read them */
     struct bt__heap heap;
+    size_t sweep_cursor;     /* SIZE_MAX: no sweep in progress */
+    uint64_t sweep_dead_base; /* dead entries a finished sweep could not find */
     struct bt_port *pass_ports;
     _Atomic uint64_t fired, posted, ran_native, passes, drains, sweeps, reaped;
     _Atomic uint64_t heap_size, early_native;
@@ -183,9 +185,19 @@ static inline const struct bt__heap_entry *bt__heap_top(const struct bt__heap *h
     return h->size ? &h->v[0] : (const struct bt__heap_entry *)0;
 }
 /* Removes every entry for which dead(timer) is true, calling drop(timer,ctx)
- * on each, then restores heap order.  Returns how many were removed. */
+ * on each, then restores heap order in O(n).  Returns how many it removed. */
 size_t bt__heap_sweep(struct bt__heap *h, int (*dead)(struct bt_timer *),
                       void (*drop)(struct bt_timer *, void *), void *ctx);
+/* Gives memory back after the heap shrank to a quarter of its capacity. */
+void bt__heap_shrink(struct bt__heap *h);
+/* Incremental sweep: examines at most `budget` positions from *cursor on,
+ * removing dead entries in place (heap order kept at every step), and
+ * returns 1 once it reached the end.  Entries that sift up past the cursor
+ * are missed until the next sweep; the sweep is an optimisation, lazy
+ * deletion stays correct without it. */
+int bt__heap_sweep_step(struct bt__heap *h, int (*dead)(struct bt_timer *),
+                        void (*drop)(struct bt_timer *, void *), void *ctx, size_t *cursor,
+                        size_t budget, size_t *removed);
 void bt__heap_free(struct bt__heap *h);
 
 /* port.c */
@@ -201,6 +213,17 @@ void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);
 static inline void bt__bump(_Atomic uint64_t *c, uint64_t n) {
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + n,
                           memory_order_relaxed);
+}
+
+/* now - deadline without signed overflow, saturated to the int64 range:
+ * negative means early (which the core never does). */
+static inline int64_t bt__lateness(int64_t now, int64_t deadline) {
+    if (now >= deadline) {
+        uint64_t d = (uint64_t)now - (uint64_t)deadline;
+        return d > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)d;
+    }
+    uint64_t d = (uint64_t)deadline - (uint64_t)now;
+    return d > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)d;
 }
 
 /* futex.c */

@@ -190,7 +190,7 @@ int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
                                                  memory_order_acq_rel,
                                                  memory_order_acquire))
         return 0;
-    int64_t late = bt_time_ns(port->tt) - t->deadline;
+    int64_t late = bt__lateness(bt_time_ns(port->tt), t->deadline);
     if (late < 0) bt__bump(&port->early, 1);
     bt__hist_add(port->hist, late);
     bt__bump(&port->ran, 1);

@@ -1089,8 +1089,12 @@ static void scenario_garbage_churn(void) {
     int64_t end = bt_now_ns() + QUIESCE_TIMEOUT;
     while (!atomic_load(&trigger->runs) && bt_now_ns() < end) usleep(1000);
     CHECK(atomic_load(&trigger->runs) == 1);
-    usleep(2000);
-    bt_get_stats(G.tt, &s);
+    /* The sweep runs in slices after the pass that fired the trigger: give
+     * it until the quiesce timeout. */
+    do {
+        usleep(2000);
+        bt_get_stats(G.tt, &s);
+    } while (K >= 20000 && s.sweeps == 0 && bt_now_ns() < end);
     uint64_t reaped_before_stop = s.reaped, drains = s.drains, sweeps = s.sweeps;
     /* A sweep needs a heap of at least sweep_min (4096) entries, more than
      * half of them dead: about 0.3 * 4 * K of them are, when K is big. */

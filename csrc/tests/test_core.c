@@ -232,9 +232,11 @@ static void test_heap_sweep(void) {
     CHECK(bt_advance(tt, 1002) == 0);
     bt_stats s;
     bt_get_stats(tt, &s);
+    /* Every 4096th cancel asks for a collect; sweeps ran when the dead were
+     * more than half of a heap of at least 4096: what is left is less. */
     CHECK(s.sweeps >= 1);
-    CHECK(s.heap_size == 1);
-    CHECK(s.dead == 0);
+    CHECK(s.heap_size < 4096);
+    CHECK(s.dead + 1 == s.heap_size); /* all dead but the new timer */
     bt_destroy(tt);
 }
 

@@ -1,0 +1,156 @@
+"""Shared fixtures and hypothesis profiles.
+
+Hypothesis profiles (as python-zstandard does):
+
+* ``default``: quick, for a developer's run;
+* ``ci``: more examples, no deadline (CI machines are noisy), printed blob;
+* ``expensive``: long fuzzing, opt-in.
+
+Choose one with ``HYPOTHESIS_PROFILE=ci``; ``BUCKETIMER_SLOW_TESTS=1`` selects
+``expensive`` (unless ``HYPOTHESIS_PROFILE`` names another).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import bucketimer
+
+T = TypeVar("T")
+
+settings.register_profile(
+    "default",
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+)
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    stateful_step_count=50,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "expensive",
+    max_examples=2000,
+    stateful_step_count=200,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def _profile_name() -> str:
+    name = os.environ.get("HYPOTHESIS_PROFILE")
+    if name:
+        return name
+    if os.environ.get("BUCKETIMER_SLOW_TESTS") == "1":
+        return "expensive"
+    if os.environ.get("CI"):
+        return "ci"
+    return "default"
+
+
+settings.load_profile(_profile_name())
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"hypothesis profile: {_profile_name()}"
+
+
+# -- fixtures ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def tt() -> Iterator[bucketimer.TimerThread]:
+    """A fresh TimerThread, closed after the test."""
+    timer_thread = bucketimer.TimerThread()
+    try:
+        yield timer_thread
+    finally:
+        timer_thread.close()
+
+
+@pytest.fixture
+def run() -> Callable[..., Any]:
+    """``run(coro_fn, *args, timeout=10)``: runs ``coro_fn(*args)`` in a fresh
+    event loop (closed afterwards, like ``asyncio.run``) and returns its
+    result; fails the test if it takes longer than ``timeout`` seconds."""
+
+    def _run(coro_fn: Callable[..., Awaitable[T]], *args: Any, timeout: float = 10.0) -> T:
+        async def main() -> T:
+            return await asyncio.wait_for(coro_fn(*args), timeout)
+
+        return asyncio.run(main())
+
+    return _run
+
+
+class LoopThread:
+    """An event loop running ``run_forever`` in a thread of its own."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, name="test-loop-thread", daemon=True)
+        self.thread.start()
+        if not self._ready.wait(5):
+            raise RuntimeError("loop thread did not start")
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.call_soon(self._ready.set)
+        self.loop.run_forever()
+
+    def call(self, fn: Callable[..., T], *args: Any, timeout: float = 5.0) -> T:
+        """Runs ``fn(*args)`` in the loop's thread and returns its result."""
+
+        async def coro() -> T:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(coro(), self.loop).result(timeout)
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        assert not self.thread.is_alive(), "loop thread did not stop"
+        self.loop.close()
+
+
+@pytest.fixture
+def loop_thread() -> Iterator[LoopThread]:
+    """An event loop running in another thread; stopped and closed afterwards."""
+    lt = LoopThread()
+    try:
+        yield lt
+    finally:
+        lt.close()
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float = 0.001) -> bool:
+    """Polls ``pred`` until it is true or ``timeout`` passes; returns its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() > end:
+            return bool(pred())
+        time.sleep(interval)
+
+
+@pytest.fixture(name="wait_until")
+def wait_until_fixture() -> Callable[..., bool]:
+    """The :func:`wait_until` helper, as a fixture."""
+    return wait_until
