@@ -25,6 +25,9 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "csrc", "include"))
 HEADER = os.path.join(INCLUDE_DIR, "bucketimer.h")
+# The benchmark kit's header (the reference single-lock heap timer and the
+# GIL-free benchmark loops); it includes bucketimer.h, so it is cdef'd second.
+BENCH_HEADER = os.path.join(INCLUDE_DIR, "bucketimer_bench.h")
 
 _COMMENT_RE = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _IF_RE = re.compile(r"#\s*(if|ifdef|ifndef)\b")
@@ -64,14 +67,20 @@ def header_to_cdef(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def make_ffibuilder(header: str = HEADER) -> FFI:
-    with open(header, encoding="utf-8") as f:
-        cdef = header_to_cdef(f.read())
+def make_ffibuilder(header: str = HEADER, extra_headers: tuple[str, ...] | None = None) -> FFI:
+    """The builder for ``header`` plus ``extra_headers`` (default: the bench
+    header when it exists), cdef'd and included in that order."""
+    if extra_headers is None:
+        extra_headers = (BENCH_HEADER,) if header == HEADER and os.path.exists(BENCH_HEADER) else ()
     builder = FFI()
-    builder.cdef(cdef)
+    includes = []
+    for path in (header, *extra_headers):
+        with open(path, encoding="utf-8") as f:
+            builder.cdef(header_to_cdef(f.read()))
+        includes.append(f'#include "{os.path.basename(path)}"')
     builder.set_source(
         "bucketimer._cffi",
-        '#include "bucketimer.h"',
+        "\n".join(includes),
         include_dirs=[INCLUDE_DIR],
     )
     return builder

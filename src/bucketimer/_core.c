@@ -61,8 +61,23 @@ typedef struct {
     PyTypeObject *Port_Type;
     PyObject *get_running_loop; /* asyncio's C _get_running_loop */
     PyObject *str_port_for;     /* "_port_for" */
+    PyTypeObject *Scheduler_Type;
+    PyTypeObject *Timeout_Type;
+    PyTypeObject *Ready_Type;
+    PyObject *ready_none;        /* an awaitable that returns None at once */
+    PyObject *current_tasks;     /* asyncio's loop -> current task dict, or NULL */
+    PyObject *current_task;      /* asyncio.current_task */
+    PyObject *CancelledError;
+    PyObject *ExceptionGroup;
+    PyObject *insert_timeout_error; /* 3.13's Timeout._insert_timeout_error, or NULL */
+    PyObject *default_factory;   /* bucketimer.default_timer_thread */
+    PyObject *default_tt;        /* what it last returned */
+    PyObject *str_time, *str_call_soon, *str_cancelling, *str_uncancel, *str_cancel;
+    PyObject *stock_time;            /* asyncio.BaseEventLoop.time */
+    PyTypeObject *time_checked_type; /* last loop type looked at (borrowed id) */
+    int time_checked_is_stock;
+    PyObject *str_running_loop_key;  /* where _asyncio keeps it, up to 3.13 */
 #if PY_VERSION_HEX < 0x030C0000
-    PyObject *str_running_loop_key;
     PyTypeObject *holder_type;  /* _asyncio._RunningLoopHolder, once seen */
 #endif
 } core_state;
@@ -98,6 +113,13 @@ typedef struct {
     PyObject *args;
     PyObject *context;
     _Atomic int state;
+    /* asyncio.TimerHandle semantics (the drop-in loop's handles): cancel()
+     * returns None, and cancelled() is True once cancel() was called, even
+     * if the callback had already run. */
+    int compat;
+    int cancel_called;
+    /* the callback is a Timeout whose expiry this runs (no bound method) */
+    int is_timeout;
     PyObject *weakreflist;
 } HandleObject;
 
@@ -136,8 +158,10 @@ static PyObject *raise_errno(int rc, const char *what) {
  * syscall since glibc stopped caching it) to hide a parent's loop from a
  * forked child.  That is a third of a schedule+cancel pair.  On 3.11 we read
  * the same per-thread holder asyncio reads and compare its pid with one we
- * cache and refresh after fork().  3.12 dropped the pid check, so there we
- * call asyncio's function. */
+ * cache and refresh after fork().  3.12 keeps the loop itself
+ * under the same key (no pid check); a dict lookup there is three times
+ * cheaper than calling _get_running_loop.  3.13 moved it into the
+ * thread state: there we call asyncio's function. */
 
 #if PY_VERSION_HEX < 0x030C0000
 #include <unistd.h>
@@ -176,6 +200,14 @@ static PyObject *running_loop(core_state *st) {
                 Py_RETURN_NONE;
             return Py_NewRef(h->rl_loop);
         }
+    }
+#elif PY_VERSION_HEX < 0x030D0000
+    PyObject *d = PyThreadState_GetDict();
+    if (d) {
+        PyObject *loop = PyDict_GetItemWithError(d, st->str_running_loop_key);
+        if (loop) return Py_NewRef(loop);
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
     }
 #endif
     return PyObject_CallNoArgs(st->get_running_loop);
@@ -307,21 +339,32 @@ static void handle_release_callback(HandleObject *self) {
     Py_XDECREF(ctx);
 }
 
-static PyObject *Handle_cancel(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+/* 1 if this call won the cancel, 0 if not. */
+static int handle_cancel(HandleObject *self) {
     if (atomic_load_explicit(&self->state, memory_order_acquire) != H_PENDING || !self->tt)
-        Py_RETURN_FALSE;
+        return 0;
     int rc = bt_cancel(self->tt->core, self->id);
-    if (rc != BT_CANCELLED) Py_RETURN_FALSE;
+    if (rc != BT_CANCELLED) return 0;
     /* We won the core's CAS: nobody else will touch the callback, and the
      * slot's reference to us is ours to drop. */
     atomic_store_explicit(&self->state, H_CANCELLED, memory_order_release);
     handle_release_callback(self);
     Py_DECREF(self); /* the slot's reference; the caller still holds one */
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+static PyObject *Handle_cancel(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->compat) {
+        self->cancel_called = 1;
+        handle_cancel(self);
+        Py_RETURN_NONE;
+    }
+    return PyBool_FromLong(handle_cancel(self));
 }
 
 static PyObject *Handle_cancelled(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
-    return PyBool_FromLong(atomic_load(&self->state) == H_CANCELLED);
+    return PyBool_FromLong(atomic_load(&self->state) == H_CANCELLED ||
+                           (self->compat && self->cancel_called));
 }
 
 static PyObject *Handle_when(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -389,7 +432,7 @@ static PyGetSetDef Handle_getset[] = {
     {NULL}};
 
 static PyMemberDef Handle_members[] = {
-    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(HandleObject, weakreflist), Py_READONLY},
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(HandleObject, weakreflist), Py_READONLY, NULL},
     {NULL}};
 
 static PyType_Slot Handle_slots[] = {
@@ -439,6 +482,8 @@ static void Port_dealloc(PortObject *self) {
     Py_DECREF(tp);
 }
 
+static PyObject *timeout_fire(PyObject *timeout);
+
 /* Runs (or, in drop mode, releases) one claimed handle.  Returns -1 with an
  * exception set only for exceptions that must propagate (KeyboardInterrupt,
  * SystemExit, or a failing error handler). */
@@ -450,7 +495,7 @@ static int run_handle(PortObject *self, HandleObject *h, int drop) {
     if (!drop && cb) {
         PyObject *res = NULL;
         if (PyContext_Enter(ctx) == 0) {
-            res = PyObject_Call(cb, args, NULL);
+            res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
             PyObject *exc = res ? NULL : PyErr_GetRaisedException();
             PyContext_Exit(ctx);
             if (exc) PyErr_SetRaisedException(exc);
@@ -561,7 +606,7 @@ static PyGetSetDef Port_getset[] = {
     {NULL}};
 
 static PyMemberDef Port_members[] = {
-    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PortObject, weakreflist), Py_READONLY},
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PortObject, weakreflist), Py_READONLY, NULL},
     {"on_error", Py_T_OBJECT_EX, offsetof(PortObject, on_error), 0,
      "on_error(handle, exc): called when a callback raises."},
     {NULL}};
@@ -722,6 +767,11 @@ static PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
     return (PortObject *)p;
 }
 
+static PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyObject *cb,
+                                   PyObject *const *cbargs, Py_ssize_t ncbargs, PyObject *loop,
+                                   PyObject *context, int flags);
+static PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
+
 /* call_later(delay, callback, *args, loop=None, context=None) and call_at. */
 static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames, int absolute) {
@@ -747,8 +797,31 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
     if (check_open(self) < 0) return NULL;
     double t;
     if (to_seconds(args[0], absolute ? "when" : "delay", &t) < 0) return NULL;
-    PyObject *cb = args[1];
-    if (!PyCallable_Check(cb)) {
+    /* Where it will be delivered. */
+    PyObject *resolved = NULL;
+    if (loop == NULL || loop == Py_None) {
+        resolved = running_loop(self->state);
+        if (!resolved) return NULL;
+    } else {
+        resolved = Py_NewRef(loop);
+    }
+    PyObject *h = schedule_resolved(self, absolute, t, args[1], args + 2, nargs - 2, resolved,
+                                    context, 0);
+    Py_DECREF(resolved);
+    return h;
+}
+
+/* The common tail of every way to schedule: `t` is a parsed delay or
+ * deadline, `loop` the loop it goes to (None: the dispatcher). */
+/* flags for schedule_resolved */
+#define SCHED_COMPAT 1  /* asyncio.TimerHandle semantics */
+#define SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
+
+static PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyObject *cb,
+                                   PyObject *const *cbargs, Py_ssize_t ncbargs, PyObject *loop,
+                                   PyObject *context, int flags) {
+    const char *name = absolute ? "call_at" : "call_later";
+    if (!(flags & SCHED_TIMEOUT) && !PyCallable_Check(cb)) {
         PyErr_Format(PyExc_TypeError, "callback must be callable, not %.100s", Py_TYPE(cb)->tp_name);
         return NULL;
     }
@@ -758,17 +831,7 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
                      Py_TYPE(context)->tp_name);
         return NULL;
     }
-
-    /* Where it will be delivered. */
-    PyObject *resolved = NULL;
-    if (loop == NULL || loop == Py_None) {
-        resolved = running_loop(self->state);
-        if (!resolved) return NULL;
-    } else {
-        resolved = Py_NewRef(loop);
-    }
-    PortObject *port = port_for(self, resolved);
-    Py_DECREF(resolved);
+    PortObject *port = port_for(self, loop);
     if (!port) return NULL;
 
     int64_t deadline;
@@ -795,7 +858,10 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
     h->port = (PortObject *)Py_NewRef(port);
     h->when = when;
     h->callback = Py_NewRef(cb);
-    h->args = tuple_from_array(args + 2, nargs - 2);
+    h->args = tuple_from_array(cbargs, ncbargs);
+    h->compat = (flags & SCHED_COMPAT) != 0;
+    h->cancel_called = 0;
+    h->is_timeout = (flags & SCHED_TIMEOUT) != 0;
     h->context = context ? Py_NewRef(context) : PyContext_CopyCurrent();
     atomic_init(&h->state, H_PENDING);
     h->weakreflist = NULL;
@@ -852,7 +918,7 @@ static PyObject *TimerThread_get_closed(TimerThreadObject *self, void *Py_UNUSED
     return PyBool_FromLong(!self->core || self->closed || bt_is_stopped(self->core));
 }
 
-static PyObject *TimerThread_time(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
+static PyObject *TimerThread_time(TimerThreadObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)) {
     return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
 }
 
@@ -886,6 +952,7 @@ static PyMethodDef TimerThread_methods[] = {
     {"_open_port", (PyCFunction)TimerThread_open_port, METH_O, NULL},
     {"_orphans", (PyCFunction)TimerThread_orphans, METH_NOARGS, NULL},
     {"_close_core", (PyCFunction)TimerThread_close_core, METH_NOARGS, NULL},
+    {"_scheduler", (PyCFunction)TimerThread_scheduler, METH_VARARGS, NULL},
     {NULL}};
 
 static PyGetSetDef TimerThread_getset[] = {
@@ -893,7 +960,7 @@ static PyGetSetDef TimerThread_getset[] = {
     {NULL}};
 
 static PyMemberDef TimerThread_members[] = {
-    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(TimerThreadObject, weakreflist), Py_READONLY},
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(TimerThreadObject, weakreflist), Py_READONLY, NULL},
     {NULL}};
 
 static PyType_Slot TimerThread_slots[] = {
@@ -915,14 +982,593 @@ static PyType_Spec TimerThread_spec = {
     .slots = TimerThread_slots,
 };
 
+/* ---- Scheduler: loop.call_at / loop.call_later of the drop-in loop --------
+ * A callable bound to (TimerThread, loop) so the drop-in loop's call_later
+ * is one vectorcall, with asyncio.TimerHandle semantics on its handles. */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    TimerThreadObject *tt;
+    PyObject *loop;
+    int absolute;
+} SchedulerObject;
+
+static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    const char *name = self->absolute ? "call_at" : "call_later";
+    if (nargs < 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes a %s and a callback", name,
+                     self->absolute ? "deadline" : "delay");
+        return NULL;
+    }
+    PyObject *context = NULL;
+    if (kwnames) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < nk; i++) {
+            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+            if (PyUnicode_CompareWithASCIIString(k, "context") == 0) context = args[nargs + i];
+            else {
+                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, k);
+                return NULL;
+            }
+        }
+    }
+    if (check_open(self->tt) < 0) return NULL;
+    double t;
+    if (to_seconds(args[0], self->absolute ? "when" : "delay", &t) < 0) return NULL;
+    return schedule_resolved(self->tt, self->absolute, t, args[1], args + 2, nargs - 2, self->loop,
+                             context, SCHED_COMPAT);
+}
+
+static int Scheduler_traverse(SchedulerObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->tt);
+    Py_VISIT(self->loop);
+    return 0;
+}
+
+static int Scheduler_clear(SchedulerObject *self) {
+    Py_CLEAR(self->tt);
+    Py_CLEAR(self->loop);
+    return 0;
+}
+
+static void Scheduler_dealloc(SchedulerObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Scheduler_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef Scheduler_members[] = {
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(SchedulerObject, vectorcall), Py_READONLY, NULL},
+    {NULL}};
+
+static PyType_Slot Scheduler_slots[] = {
+    {Py_tp_doc, "loop.call_at / loop.call_later of the drop-in loop (asyncio handle semantics)."},
+    {Py_tp_dealloc, Scheduler_dealloc},
+    {Py_tp_traverse, Scheduler_traverse},
+    {Py_tp_clear, Scheduler_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, Scheduler_members},
+    {0, NULL}};
+
+static PyType_Spec Scheduler_spec = {
+    .name = "bucketimer._core.Scheduler",
+    .basicsize = sizeof(SchedulerObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = Scheduler_slots,
+};
+
+/* TimerThread._scheduler(loop, absolute) */
+static PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args) {
+    PyObject *loop;
+    int absolute;
+    if (!PyArg_ParseTuple(args, "Op:_scheduler", &loop, &absolute)) return NULL;
+    if (!self->state) return raise_errno(-EINVAL, "_scheduler");
+    SchedulerObject *o = PyObject_GC_New(SchedulerObject, self->state->Scheduler_Type);
+    if (!o) return NULL;
+    o->vectorcall = (vectorcallfunc)Scheduler_vectorcall;
+    o->tt = (TimerThreadObject *)Py_NewRef(self);
+    o->loop = Py_NewRef(loop);
+    o->absolute = absolute;
+    PyObject_GC_Track(o);
+    return (PyObject *)o;
+}
+
+/* ---- Ready: an awaitable that is already done ----------------------------
+ * What Timeout.__aenter__/__aexit__ return: awaiting it never suspends. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *value;
+} ReadyObject;
+
+static PyObject *ready_new(core_state *st, PyObject *value) {
+    if (value == Py_None && st->ready_none) return Py_NewRef(st->ready_none);
+    ReadyObject *r = PyObject_New(ReadyObject, st->Ready_Type);
+    if (!r) return NULL;
+    r->value = Py_NewRef(value);
+    return (PyObject *)r;
+}
+
+static void Ready_dealloc(ReadyObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_CLEAR(self->value);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *Ready_await(ReadyObject *self) { return Py_NewRef(self); }
+
+static PyObject *Ready_iternext(ReadyObject *self) {
+    if (self->value == Py_None) return NULL; /* exhausted: the result is None */
+    PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, self->value);
+    if (!e) return NULL;
+    PyErr_SetObject(PyExc_StopIteration, e);
+    Py_DECREF(e);
+    return NULL;
+}
+
+static PySendResult Ready_send(ReadyObject *self, PyObject *arg, PyObject **result) {
+    (void)arg;
+    *result = Py_NewRef(self->value);
+    return PYGEN_RETURN;
+}
+
+static PyType_Slot Ready_slots[] = {
+    {Py_tp_dealloc, Ready_dealloc},
+    {Py_am_await, Ready_await},
+    {Py_am_send, Ready_send},
+    {Py_tp_iter, PyObject_SelfIter},
+    {Py_tp_iternext, Ready_iternext},
+    {0, NULL}};
+
+static PyType_Spec Ready_spec = {
+    .name = "bucketimer._core._Ready",
+    .basicsize = sizeof(ReadyObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = Ready_slots,
+};
+
+/* ---- Timeout: asyncio.Timeout with its timer in the core -----------------
+ * The same state machine as asyncio.timeouts.Timeout of the running Python
+ * (3.11 and 3.12 share it; 3.13 also converts a CancelledError subclass and
+ * inserts a TimeoutError into the chain of other exceptions), written in C
+ * so that `async with timeout(d): ...` costs a few C calls: __aenter__ and
+ * __aexit__ return awaitables that are already done. */
+
+enum { T_CREATED, T_ENTERED, T_EXPIRING, T_EXPIRED, T_EXITED };
+static const char *const timeout_state_names[] = {"created", "active", "expiring", "expired",
+                                                   "finished"};
+
+typedef struct {
+    PyObject_HEAD
+    core_state *st;
+    int state;
+    long cancelling;
+    PyObject *when;     /* a number, or None */
+    PyObject *handler;  /* our Handle, or the loop's call_soon handle */
+    PyObject *task;
+    PyObject *on_timeout; /* bound _on_timeout, made on first arming */
+    PyObject *weakreflist;
+} TimeoutObject;
+
+static int Timeout_traverse(TimeoutObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->when);
+    Py_VISIT(self->handler);
+    Py_VISIT(self->task);
+    Py_VISIT(self->on_timeout);
+    return 0;
+}
+
+static int Timeout_clear(TimeoutObject *self) {
+    Py_CLEAR(self->when);
+    Py_CLEAR(self->handler);
+    Py_CLEAR(self->task);
+    Py_CLEAR(self->on_timeout);
+    return 0;
+}
+
+static void Timeout_dealloc(TimeoutObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    Timeout_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *timeout_make(core_state *st, PyObject *when) {
+    TimeoutObject *self = PyObject_GC_New(TimeoutObject, st->Timeout_Type);
+    if (!self) return NULL;
+    self->st = st;
+    self->state = T_CREATED;
+    self->cancelling = 0;
+    self->when = Py_NewRef(when);
+    self->handler = self->task = self->on_timeout = NULL;
+    self->weakreflist = NULL;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static PyObject *Timeout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"when", NULL};
+    PyObject *when;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Timeout", kwlist, &when)) return NULL;
+    PyObject *m = PyType_GetModuleByDef(type, &core_module);
+    if (!m) return NULL;
+    return timeout_make(get_state(m), when);
+}
+
+/* The TimerThread timeouts arm on: the process default, refreshed when it
+ * was closed or belongs to a parent process.  Borrowed. */
+static TimerThreadObject *default_tt(core_state *st) {
+    TimerThreadObject *tt = (TimerThreadObject *)st->default_tt;
+    if (tt && tt->core && !tt->closed && !bt_is_stopped(tt->core)) return tt;
+    if (!st->default_factory) {
+        PyErr_SetString(PyExc_RuntimeError, "bucketimer is not initialised");
+        return NULL;
+    }
+    PyObject *n = PyObject_CallNoArgs(st->default_factory);
+    if (!n) return NULL;
+    if (!PyObject_TypeCheck(n, st->TimerThread_Type)) {
+        Py_DECREF(n);
+        PyErr_SetString(PyExc_TypeError, "default_timer_thread() must return a TimerThread");
+        return NULL;
+    }
+    Py_XSETREF(st->default_tt, n);
+    return (TimerThreadObject *)n;
+}
+
+/* loop.time().  For a loop class that keeps asyncio's BaseEventLoop.time
+ * (time.monotonic(), the core's clock) it is read directly: on 3.12 the
+ * Python-level call is a quarter of an `async with timeout()`.  The answer
+ * is cached for the last loop class seen; patching `time` on a loop class
+ * after it was first used here is not noticed. */
+static PyObject *loop_time(core_state *st, PyObject *loop) {
+    PyTypeObject *tp = Py_TYPE(loop);
+    if (tp != st->time_checked_type) {
+        PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
+        if (!f) return NULL;
+        st->time_checked_is_stock = (f == st->stock_time);
+        st->time_checked_type = tp;
+        Py_DECREF(f);
+    }
+    /* time.monotonic() computes the same double from the same ns */
+    if (st->time_checked_is_stock) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
+    return PyObject_CallMethodNoArgs(loop, st->str_time);
+}
+
+static int cancel_any_handle(core_state *st, PyObject *h) {
+    if (Py_IS_TYPE(h, st->Handle_Type)) {
+        handle_cancel((HandleObject *)h);
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(h, st->str_cancel);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored));
+static PyMethodDef on_timeout_def = {"_on_timeout", (PyCFunction)Timeout_on_timeout, METH_NOARGS,
+                                     NULL};
+
+/* reschedule() once the state and loop are checked. */
+static int timeout_arm(TimeoutObject *self, PyObject *loop, PyObject *when) {
+    core_state *st = self->st;
+    Py_XSETREF(self->when, Py_NewRef(when));
+    if (self->handler) {
+        PyObject *h = self->handler;
+        self->handler = NULL;
+        int rc = cancel_any_handle(st, h);
+        Py_DECREF(h);
+        if (rc < 0) return -1;
+    }
+    if (when == Py_None) return 0;
+    PyObject *now = loop_time(st, loop);
+    if (!now) return -1;
+    int past = PyObject_RichCompareBool(when, now, Py_LE);
+    Py_DECREF(now);
+    if (past < 0) return -1;
+    PyObject *h;
+    if (past) {
+        /* asyncio hands a deadline already reached to call_soon: it fires
+         * on the very next iteration, in order with other ready callbacks */
+        if (!self->on_timeout) {
+            self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
+            if (!self->on_timeout) return -1;
+        }
+        h = PyObject_CallMethodOneArg(loop, st->str_call_soon, self->on_timeout);
+    } else {
+        double t;
+        if (to_seconds(when, "when", &t) < 0) return -1;
+        TimerThreadObject *tt = default_tt(st);
+        if (!tt || check_open(tt) < 0) return -1;
+        /* the handle expires this Timeout directly: no bound method */
+        h = schedule_resolved(tt, 1, t, (PyObject *)self, NULL, 0, loop, NULL, SCHED_TIMEOUT);
+    }
+    if (!h) return -1;
+    self->handler = h;
+    return 0;
+}
+
+static PyObject *need_running_loop(core_state *st) {
+    PyObject *loop = running_loop(st);
+    if (loop == Py_None) {
+        Py_DECREF(loop);
+        PyErr_SetString(PyExc_RuntimeError, "no running event loop");
+        return NULL;
+    }
+    return loop;
+}
+
+static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
+    if (self->state != T_ENTERED) {
+        if (self->state == T_CREATED) PyErr_SetString(PyExc_RuntimeError, "Timeout has not been entered");
+        else PyErr_Format(PyExc_RuntimeError, "Cannot change state of %s Timeout",
+                          timeout_state_names[self->state]);
+        return NULL;
+    }
+    PyObject *loop = NULL;
+    if (when != Py_None || self->handler) {
+        loop = need_running_loop(self->st);
+        if (!loop) return NULL;
+    }
+    int rc = 0;
+    if (loop) {
+        rc = timeout_arm(self, loop, when);
+        Py_DECREF(loop);
+    } else {
+        Py_XSETREF(self->when, Py_NewRef(when));
+    }
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Timeout_aenter(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
+    core_state *st = self->st;
+    if (self->state != T_CREATED) {
+        PyErr_SetString(PyExc_RuntimeError, "Timeout has already been entered");
+        return NULL;
+    }
+    PyObject *loop = need_running_loop(st);
+    if (!loop) return NULL;
+    PyObject *task;
+    if (st->current_tasks) {
+        task = PyDict_GetItemWithError(st->current_tasks, loop);
+        if (!task && PyErr_Occurred()) goto fail;
+        Py_XINCREF(task);
+    } else {
+        task = PyObject_CallOneArg(st->current_task, loop);
+        if (!task) goto fail;
+    }
+    if (!task || task == Py_None) {
+        Py_XDECREF(task);
+        PyErr_SetString(PyExc_RuntimeError, "Timeout should be used inside a task");
+        goto fail;
+    }
+    self->state = T_ENTERED;
+    Py_XSETREF(self->task, task);
+    PyObject *c = PyObject_CallMethodNoArgs(task, st->str_cancelling);
+    if (!c) goto fail;
+    self->cancelling = PyLong_AsLong(c);
+    Py_DECREF(c);
+    if (self->cancelling == -1 && PyErr_Occurred()) goto fail;
+    if (timeout_arm(self, loop, self->when) < 0) goto fail;
+    Py_DECREF(loop);
+    return ready_new(st, (PyObject *)self);
+fail:
+    Py_DECREF(loop);
+    return NULL;
+}
+
+/* raise TimeoutError from exc */
+static void raise_timeout_from(PyObject *exc) {
+    PyObject *te = PyObject_CallNoArgs(PyExc_TimeoutError);
+    if (!te) return;
+    if (exc && exc != Py_None) {
+        PyException_SetCause(te, Py_NewRef(exc));
+        PyException_SetContext(te, Py_NewRef(exc));
+    }
+    PyErr_SetObject(PyExc_TimeoutError, te);
+    Py_DECREF(te);
+}
+
+static PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    core_state *st = self->st;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "__aexit__ takes exc_type, exc_val, exc_tb");
+        return NULL;
+    }
+    PyObject *exc_type = args[0], *exc_val = args[1];
+    if (self->state != T_ENTERED && self->state != T_EXPIRING) {
+        PyErr_Format(PyExc_AssertionError, "__aexit__ of a %s Timeout",
+                     timeout_state_names[self->state]);
+        return NULL;
+    }
+    if (self->handler) {
+        PyObject *h = self->handler;
+        self->handler = NULL;
+        int rc = cancel_any_handle(st, h);
+        Py_DECREF(h);
+        if (rc < 0) return NULL;
+    }
+    if (self->state == T_EXPIRING) {
+        self->state = T_EXPIRED;
+        PyObject *n = PyObject_CallMethodNoArgs(self->task, st->str_uncancel);
+        if (!n) return NULL;
+        long left = PyLong_AsLong(n);
+        Py_DECREF(n);
+        if (left == -1 && PyErr_Occurred()) return NULL;
+        if (left <= self->cancelling && exc_type != Py_None) {
+            if (st->insert_timeout_error) { /* 3.13 */
+                int sub = PyObject_IsSubclass(exc_type, st->CancelledError);
+                if (sub < 0) return NULL;
+                if (sub) {
+                    raise_timeout_from(exc_val);
+                    return NULL;
+                }
+                if (exc_val != Py_None) {
+                    PyObject *r = PyObject_CallOneArg(st->insert_timeout_error, exc_val);
+                    if (!r) return NULL;
+                    Py_DECREF(r);
+                    int eg = PyObject_IsInstance(exc_val, st->ExceptionGroup);
+                    if (eg < 0) return NULL;
+                    if (eg) {
+                        PyObject *excs = PyObject_GetAttrString(exc_val, "exceptions");
+                        if (!excs) return NULL;
+                        PyObject *it = PyObject_GetIter(excs);
+                        Py_DECREF(excs);
+                        if (!it) return NULL;
+                        PyObject *e;
+                        while ((e = PyIter_Next(it))) {
+                            r = PyObject_CallOneArg(st->insert_timeout_error, e);
+                            Py_DECREF(e);
+                            if (!r) break;
+                            Py_DECREF(r);
+                        }
+                        Py_DECREF(it);
+                        if (PyErr_Occurred()) return NULL;
+                    }
+                }
+            } else if (exc_type == st->CancelledError) { /* 3.11, 3.12 */
+                raise_timeout_from(exc_val);
+                return NULL;
+            }
+        }
+    } else {
+        self->state = T_EXITED;
+    }
+    return ready_new(st, Py_None);
+}
+
+static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->state != T_ENTERED || !self->task) Py_RETURN_NONE; /* cannot happen: cancel won */
+    PyObject *r = PyObject_CallMethodNoArgs(self->task, self->st->str_cancel);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    self->state = T_EXPIRING;
+    Py_CLEAR(self->handler); /* drop the reference early, as asyncio does */
+    Py_RETURN_NONE;
+}
+
+static PyObject *timeout_fire(PyObject *timeout) {
+    return Timeout_on_timeout((TimeoutObject *)timeout, NULL);
+}
+
+static PyObject *Timeout_when(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
+    return Py_NewRef(self->when);
+}
+
+static PyObject *Timeout_expired(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(self->state == T_EXPIRING || self->state == T_EXPIRED);
+}
+
+static PyObject *Timeout_repr(TimeoutObject *self) {
+    if (self->state == T_ENTERED) {
+        PyObject *w = self->when == Py_None
+                          ? Py_NewRef(Py_None)
+                          : PyObject_CallMethod(self->when, "__round__", "i", 3);
+        if (!w) return NULL;
+        PyObject *r = PyUnicode_FromFormat("<Timeout [active] when=%R>", w);
+        Py_DECREF(w);
+        return r;
+    }
+    return PyUnicode_FromFormat("<Timeout [%s]>", timeout_state_names[self->state]);
+}
+
+static PyMethodDef Timeout_methods[] = {
+    {"__aenter__", (PyCFunction)Timeout_aenter, METH_NOARGS, NULL},
+    {"__aexit__", (PyCFunction)(void (*)(void))Timeout_aexit, METH_FASTCALL, NULL},
+    {"when", (PyCFunction)Timeout_when, METH_NOARGS, "Return the current deadline."},
+    {"reschedule", (PyCFunction)Timeout_reschedule, METH_O,
+     "Reschedule the timeout (None: never)."},
+    {"expired", (PyCFunction)Timeout_expired, METH_NOARGS,
+     "Is timeout expired during execution?"},
+    {NULL}};
+
+static PyMemberDef Timeout_members[] = {
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(TimeoutObject, weakreflist), Py_READONLY, NULL},
+    {NULL}};
+
+static PyType_Slot Timeout_slots[] = {
+    {Py_tp_doc,
+     "Timeout(when)\n\nAsynchronous context manager for cancelling overdue code: "
+     "asyncio.Timeout with its timer in bucketimer's core.  Use timeout() or timeout_at()."},
+    {Py_tp_new, Timeout_new},
+    {Py_tp_dealloc, Timeout_dealloc},
+    {Py_tp_traverse, Timeout_traverse},
+    {Py_tp_clear, Timeout_clear},
+    {Py_tp_methods, Timeout_methods},
+    {Py_tp_members, Timeout_members},
+    {Py_tp_repr, Timeout_repr},
+    {0, NULL}};
+
+static PyType_Spec Timeout_spec = {
+    .name = "bucketimer.Timeout",
+    .basicsize = sizeof(TimeoutObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = Timeout_slots,
+};
+
+static PyObject *core_timeout(PyObject *m, PyObject *delay) {
+    core_state *st = get_state(m);
+    PyObject *loop = need_running_loop(st);
+    if (!loop) return NULL;
+    PyObject *when;
+    if (delay == Py_None) {
+        when = Py_NewRef(Py_None);
+    } else {
+        PyObject *now = loop_time(st, loop);
+        if (!now) {
+            Py_DECREF(loop);
+            return NULL;
+        }
+        when = PyNumber_Add(now, delay);
+        Py_DECREF(now);
+        if (!when) {
+            Py_DECREF(loop);
+            return NULL;
+        }
+    }
+    Py_DECREF(loop);
+    PyObject *t = timeout_make(st, when);
+    Py_DECREF(when);
+    return t;
+}
+
+static PyObject *core_timeout_at(PyObject *m, PyObject *when) {
+    return timeout_make(get_state(m), when);
+}
+
+static PyObject *core_set_default_factory(PyObject *m, PyObject *fn) {
+    core_state *st = get_state(m);
+    Py_XSETREF(st->default_factory, Py_NewRef(fn));
+    Py_CLEAR(st->default_tt);
+    Py_RETURN_NONE;
+}
+
 /* ---- module ------------------------------------------------------------- */
 
-static PyObject *core_monotonic_ns(PyObject *m, PyObject *Py_UNUSED(ignored)) {
+static PyObject *core_monotonic_ns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromLongLong(bt_now_ns());
 }
 
 static PyMethodDef core_functions[] = {
     {"monotonic_ns", core_monotonic_ns, METH_NOARGS, "The core's clock, CLOCK_MONOTONIC ns."},
+    {"timeout", core_timeout, METH_O,
+     "timeout(delay) -> Timeout\n\nasyncio.timeout(delay), with the timer in bucketimer's core."},
+    {"timeout_at", core_timeout_at, METH_O,
+     "timeout_at(when) -> Timeout\n\nasyncio.timeout_at(when), with the timer in bucketimer's "
+     "core."},
+    {"_set_default_factory", core_set_default_factory, METH_O, NULL},
     {NULL}};
 
 static int core_exec(PyObject *m) {
@@ -942,9 +1588,68 @@ static int core_exec(PyObject *m) {
     if (!st->str_port_for) return -1;
 #if PY_VERSION_HEX < 0x030C0000
     pthread_once(&pid_once, install_pid_cache);
+#endif
     st->str_running_loop_key = PyUnicode_InternFromString("__asyncio_running_event_loop__");
     if (!st->str_running_loop_key) return -1;
-#endif
+    st->Scheduler_Type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Scheduler_spec, NULL);
+    if (!st->Scheduler_Type || PyModule_AddType(m, st->Scheduler_Type) < 0) return -1;
+    st->Ready_Type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Ready_spec, NULL);
+    if (!st->Ready_Type) return -1;
+    st->ready_none = ready_new(st, Py_None);
+    if (!st->ready_none) return -1;
+    st->Timeout_Type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &Timeout_spec, NULL);
+    if (!st->Timeout_Type || PyModule_AddType(m, st->Timeout_Type) < 0) return -1;
+    PyObject *tasks = PyImport_ImportModule("asyncio.tasks");
+    if (!tasks) return -1;
+    st->current_task = PyObject_GetAttrString(tasks, "current_task");
+    PyObject *ct = PyObject_GetAttrString(tasks, "_current_tasks");
+    Py_DECREF(tasks);
+    if (!st->current_task) return -1;
+    /* 3.11-3.13 keep the loop -> current task map in this dict (the C
+     * module's); read it directly if it is one, else ask current_task(). */
+    if (ct && PyDict_CheckExact(ct)) st->current_tasks = ct;
+    else {
+        Py_XDECREF(ct);
+        PyErr_Clear();
+    }
+    PyObject *exc = PyImport_ImportModule("asyncio.exceptions");
+    if (!exc) return -1;
+    st->CancelledError = PyObject_GetAttrString(exc, "CancelledError");
+    Py_DECREF(exc);
+    if (!st->CancelledError) return -1;
+    st->ExceptionGroup = Py_NewRef(PyExc_Exception);
+    PyObject *builtins = PyImport_ImportModule("builtins");
+    if (builtins) {
+        PyObject *eg = PyObject_GetAttrString(builtins, "ExceptionGroup");
+        Py_DECREF(builtins);
+        if (eg) Py_SETREF(st->ExceptionGroup, eg);
+    }
+    PyErr_Clear();
+    PyObject *to = PyImport_ImportModule("asyncio.timeouts");
+    if (!to) return -1;
+    PyObject *tcls = PyObject_GetAttrString(to, "Timeout");
+    Py_DECREF(to);
+    if (!tcls) return -1;
+    /* Present from 3.13: the running asyncio's exit semantics follow it. */
+    st->insert_timeout_error = PyObject_GetAttrString(tcls, "_insert_timeout_error");
+    Py_DECREF(tcls);
+    if (!st->insert_timeout_error) PyErr_Clear();
+#define INTERN(field, text)                                 \
+    if (!(st->field = PyUnicode_InternFromString(text))) return -1;
+    INTERN(str_time, "time");
+    INTERN(str_call_soon, "call_soon");
+    INTERN(str_cancelling, "cancelling");
+    INTERN(str_uncancel, "uncancel");
+    INTERN(str_cancel, "cancel");
+#undef INTERN
+    PyObject *base_events = PyImport_ImportModule("asyncio.base_events");
+    if (!base_events) return -1;
+    PyObject *bel = PyObject_GetAttrString(base_events, "BaseEventLoop");
+    Py_DECREF(base_events);
+    if (!bel) return -1;
+    st->stock_time = PyObject_GetAttr(bel, st->str_time);
+    Py_DECREF(bel);
+    if (!st->stock_time) return -1;
     if (PyModule_AddIntConstant(m, "CANCELLED", BT_CANCELLED) < 0) return -1;
     if (PyModule_AddIntConstant(m, "TOO_LATE", BT_TOO_LATE) < 0) return -1;
     if (PyModule_AddIntConstant(m, "UNKNOWN", BT_UNKNOWN) < 0) return -1;
@@ -957,6 +1662,18 @@ static int core_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(st->Handle_Type);
     Py_VISIT(st->Port_Type);
     Py_VISIT(st->get_running_loop);
+    Py_VISIT(st->Scheduler_Type);
+    Py_VISIT(st->Timeout_Type);
+    Py_VISIT(st->Ready_Type);
+    Py_VISIT(st->ready_none);
+    Py_VISIT(st->current_tasks);
+    Py_VISIT(st->current_task);
+    Py_VISIT(st->CancelledError);
+    Py_VISIT(st->ExceptionGroup);
+    Py_VISIT(st->insert_timeout_error);
+    Py_VISIT(st->default_factory);
+    Py_VISIT(st->default_tt);
+    Py_VISIT(st->stock_time);
     return 0;
 }
 
@@ -967,8 +1684,25 @@ static int core_clear(PyObject *m) {
     Py_CLEAR(st->Port_Type);
     Py_CLEAR(st->get_running_loop);
     Py_CLEAR(st->str_port_for);
-#if PY_VERSION_HEX < 0x030C0000
+    Py_CLEAR(st->Scheduler_Type);
+    Py_CLEAR(st->Timeout_Type);
+    Py_CLEAR(st->Ready_Type);
+    Py_CLEAR(st->ready_none);
+    Py_CLEAR(st->current_tasks);
+    Py_CLEAR(st->current_task);
+    Py_CLEAR(st->CancelledError);
+    Py_CLEAR(st->ExceptionGroup);
+    Py_CLEAR(st->insert_timeout_error);
+    Py_CLEAR(st->default_factory);
+    Py_CLEAR(st->default_tt);
+    Py_CLEAR(st->str_time);
+    Py_CLEAR(st->str_call_soon);
+    Py_CLEAR(st->str_cancelling);
+    Py_CLEAR(st->str_uncancel);
+    Py_CLEAR(st->str_cancel);
+    Py_CLEAR(st->stock_time);
     Py_CLEAR(st->str_running_loop_key);
+#if PY_VERSION_HEX < 0x030C0000
     Py_CLEAR(st->holder_type);
 #endif
     return 0;

@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -111,7 +112,10 @@ class TimerThread(_core.TimerThread):
 
         def close() -> None:
             tt = ref()
-            if tt is not None:
+            # In a child of fork() the port's eventfd and the loop's epoll
+            # set are shared with the parent: detaching here would unregister
+            # the parent's reader and eat its pending signal.  Leave them be.
+            if tt is not None and tt._pid == os.getpid():
                 tt._detach_loop(loop)
             orig_close()
 
@@ -162,6 +166,9 @@ class TimerThread(_core.TimerThread):
         scheduling raises ``RuntimeError``.  A callback already running
         finishes.  Idempotent.
         """
+        self._close(join_timeout=1.0)
+
+    def _close(self, join_timeout: float) -> None:
         with self._lock:
             if self._closing:
                 return
@@ -181,7 +188,7 @@ class TimerThread(_core.TimerThread):
         if t is not None:
             os.write(self._wake_w, b"x")
             if t is not threading.current_thread():
-                t.join(timeout=1.0)
+                t.join(timeout=join_timeout)
             os.close(self._wake_w)  # the dispatcher closes _wake_r as it exits
         if self._dispatcher is not None:
             self._dispatcher.detach()
@@ -275,13 +282,22 @@ def _after_fork_in_child() -> None:
     _live.clear()
 
 
+# At exit, how long in all to wait for dispatcher callbacks still running
+# (their threads are daemons: the interpreter does not wait for them).
+_EXIT_JOIN_BUDGET = 0.2
+
+
 def _close_all_at_exit() -> None:
+    deadline = time.monotonic() + _EXIT_JOIN_BUDGET
     for tt in list(_live):
         try:
-            tt.close()
+            tt._close(join_timeout=max(0.0, deadline - time.monotonic()))
         except Exception:  # pragma: no cover - best effort at exit
             pass
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
+
+# Timeouts made by the C module (bucketimer.timeout) arm on the default.
+_core._set_default_factory(default_timer_thread)

@@ -1,0 +1,535 @@
+"""The drop-in loop: bucketimer.loop.EventLoop (and UVEventLoop) against the stock loops.
+
+Each behaviour is written once and run against the stock asyncio selector
+loop and uvloop (the references) and bucketimer's loops.  Tests marked
+"native only" check what only bucketimer promises (never early, timers in
+the core, not in the loop's heap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import sys
+import threading
+import time
+
+import pytest
+
+import bucketimer
+from bucketimer import loop as bt_loop
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover
+    uvloop = None
+
+LOOPS = {
+    "stock": asyncio.SelectorEventLoop,
+    "bucketimer": bt_loop.EventLoop,
+}
+if uvloop is not None:
+    LOOPS["uvloop"] = uvloop.new_event_loop
+    LOOPS["bucketimer-uv"] = bt_loop.UVEventLoop
+NATIVE = {"bucketimer", "bucketimer-uv"}
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def kind(request):
+    return request.param
+
+
+@pytest.fixture
+def loop(kind):
+    lp = LOOPS[kind]()
+    yield lp
+    if not lp.is_closed():
+        lp.run_until_complete(lp.shutdown_asyncgens())
+        lp.close()
+
+
+@pytest.fixture(params=sorted(NATIVE & set(LOOPS)))
+def native_loop_kind(request):
+    return request.param
+
+
+@pytest.fixture
+def native_loop(native_loop_kind):
+    lp = LOOPS[native_loop_kind]()
+    yield lp
+    if not lp.is_closed():
+        lp.close()
+
+
+def run(loop, coro, timeout=10):
+    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+
+# -- call_later / call_at ----------------------------------------------------------
+
+
+def test_call_later_fires_with_args(loop):
+    got = []
+    loop.call_later(0.01, got.append, "x")
+    loop.call_later(0.0, got.append, "y")
+    run(loop, asyncio.sleep(0.05))
+    assert sorted(got) == ["x", "y"]
+
+
+def test_call_at_fires(loop):
+    fired = loop.create_future()
+    h = loop.call_at(loop.time() + 0.01, fired.set_result, "at")
+    assert run(loop, fired) == "at"
+    assert not h.cancelled()
+
+
+def test_when(loop):
+    before = loop.time()
+    h = loop.call_later(10, lambda: None)
+    after = loop.time()
+    assert before + 10 - 0.002 <= h.when() <= after + 10 + 0.002
+    h.cancel()
+    h2 = loop.call_at(12345.5, lambda: None)
+    assert h2.when() == 12345.5
+    h2.cancel()
+
+
+def test_cancel_prevents_call(loop):
+    got = []
+    h = loop.call_later(0.01, got.append, 1)
+    assert not h.cancelled()
+    h.cancel()
+    assert h.cancelled()
+    h.cancel()  # twice is fine
+    assert h.cancelled()
+    run(loop, asyncio.sleep(0.03))
+    assert got == []
+
+
+def test_cancel_after_fire(loop):
+    got = []
+    h = loop.call_later(0, got.append, 1)
+    run(loop, asyncio.sleep(0.02))
+    assert got == [1]
+    h.cancel()  # too late: nothing happens
+    assert got == [1]
+
+
+def test_cancel_from_earlier_callback_same_iteration(loop):
+    """A timer cancelled by another callback that runs before it, both due."""
+    got = []
+    victim = loop.call_later(0.01, got.append, "victim")
+    loop.call_later(0.005, victim.cancel)
+    run(loop, asyncio.sleep(0.03))
+    assert got == []
+
+
+def test_negative_and_zero_delays(loop):
+    got = []
+    loop.call_later(-1, got.append, "neg")
+    loop.call_at(loop.time() - 10, got.append, "past")
+    loop.call_later(0, got.append, "zero")
+    run(loop, asyncio.sleep(0.02))
+    assert sorted(got) == ["neg", "past", "zero"]
+
+
+def test_infinite_delay_can_be_cancelled(loop):
+    got = []
+    h = loop.call_later(float("inf"), got.append, 1)
+    run(loop, asyncio.sleep(0.01))
+    h.cancel()
+    assert h.cancelled() and got == []
+
+
+def test_none_delay_raises(loop):
+    with pytest.raises(TypeError):
+        loop.call_later(None, lambda: None)
+    with pytest.raises(TypeError):
+        loop.call_at(None, lambda: None)
+
+
+def test_get_context_and_context_kwarg(loop, kind):
+    var = contextvars.ContextVar("var", default="default")
+    ctx = contextvars.copy_context()
+    ctx.run(var.set, "in-ctx")
+    seen = []
+    h = loop.call_later(0.001, lambda: seen.append(var.get()), context=ctx)
+    # uvloop's TimerHandle has no get_context(), asyncio's has it since 3.12
+    has_get_context = kind in NATIVE or (kind == "stock" and hasattr(asyncio.Handle, "get_context"))
+    if has_get_context:
+        assert h.get_context() is ctx
+    var.set("outside")
+    h2 = loop.call_later(0.001, lambda: seen.append(var.get()))
+    if has_get_context:
+        assert isinstance(h2.get_context(), contextvars.Context)
+    var.set("changed after scheduling")
+    run(loop, asyncio.sleep(0.02))
+    assert sorted(seen) == ["in-ctx", "outside"]
+
+
+def test_order_of_distinct_deadlines(loop):
+    got = []
+    for i in (5, 1, 3, 2, 4):
+        loop.call_later(i * 0.004, got.append, i)
+    run(loop, asyncio.sleep(0.05))
+    assert got == [1, 2, 3, 4, 5]
+
+
+def test_many_timers_and_cancels(loop):
+    got = []
+    handles = [loop.call_later(0.001 * (i % 20), got.append, i) for i in range(2000)]
+    for h in handles[::2]:
+        h.cancel()
+    run(loop, asyncio.sleep(0.06))
+    assert sorted(got) == list(range(1, 2000, 2))
+
+
+def test_scheduled_before_run(loop):
+    got = []
+    loop.call_later(0.001, got.append, "early")
+    loop.call_later(0.002, loop.stop)
+    loop.run_forever()
+    assert got == ["early"]
+
+
+def test_call_later_from_callback_and_threadsafe(loop):
+    got = []
+
+    def from_thread():
+        loop.call_soon_threadsafe(lambda: loop.call_later(0.001, got.append, "thread"))
+
+    async def main():
+        t = threading.Thread(target=from_thread)
+        t.start()
+        t.join()
+        await asyncio.sleep(0.03)
+
+    run(loop, main())
+    assert got == ["thread"]
+
+
+def test_callback_exception_goes_to_handler(loop):
+    errors = []
+    loop.set_exception_handler(lambda lp, ctx: errors.append(ctx))
+
+    def boom():
+        raise ZeroDivisionError("boom")
+
+    h = loop.call_later(0.001, boom)
+    run(loop, asyncio.sleep(0.02))
+    assert len(errors) == 1
+    ctx = errors[0]
+    assert isinstance(ctx["exception"], ZeroDivisionError)
+    assert ctx["message"].startswith("Exception in callback")
+    assert ctx["handle"] is not None
+    # the loop survived
+    assert run(loop, asyncio.sleep(0, "alive")) == "alive"
+    del h
+
+
+# -- asyncio's helpers on the loop -------------------------------------------------------
+
+
+def test_asyncio_sleep(loop):
+    async def main():
+        t0 = loop.time()
+        r = await asyncio.sleep(0.01, "r")
+        return r, loop.time() - t0
+
+    r, dt = run(loop, main())
+    assert r == "r" and dt >= 0.008
+
+
+def test_asyncio_sleep_cancelled(loop):
+    async def main():
+        task = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(loop, main())
+
+
+def test_asyncio_timeout_and_wait_for(loop):
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await asyncio.sleep(10)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.sleep(10), 0.01)
+        async with asyncio.timeout(5) as cm:
+            cm.reschedule(loop.time() + 10)
+            await asyncio.sleep(0.001)
+        return await asyncio.wait_for(asyncio.sleep(0.001, "ok"), 5)
+
+    assert run(loop, main()) == "ok"
+
+
+def test_asyncio_wait_and_as_completed(loop):
+    async def main():
+        slow = asyncio.ensure_future(asyncio.sleep(10))
+        fast = asyncio.ensure_future(asyncio.sleep(0.001, "fast"))
+        done, pending = await asyncio.wait({slow, fast}, timeout=0.05)
+        assert done == {fast} and pending == {slow}
+        slow.cancel()
+        results = [await f for f in asyncio.as_completed([asyncio.sleep(0.002, 2), asyncio.sleep(0.001, 1)])]
+        return sorted(results)
+
+    assert run(loop, main()) == [1, 2]
+
+
+def test_sleeps_in_many_tasks(loop):
+    async def one(i):
+        await asyncio.sleep((i % 10) * 0.001)
+        return i
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(300)))
+
+    assert run(loop, main()) == list(range(300))
+
+
+# -- lifecycle ---------------------------------------------------------------------------
+
+
+def test_call_later_after_close_raises(loop):
+    loop.close()
+    with pytest.raises(RuntimeError):
+        loop.call_later(1, lambda: None)
+    with pytest.raises(RuntimeError):
+        loop.call_at(loop.time() + 1, lambda: None)
+
+
+def test_pending_timers_dropped_at_close(loop):
+    got = []
+    loop.call_later(0.001, got.append, 1)
+    loop.close()
+    time.sleep(0.01)
+    assert got == []
+
+
+def test_run_twice(loop):
+    assert run(loop, asyncio.sleep(0.001, 1)) == 1
+    assert run(loop, asyncio.sleep(0.001, 2)) == 2
+
+
+def test_keyboard_interrupt_propagates(loop):
+    def interrupt():
+        raise KeyboardInterrupt
+
+    loop.call_later(0.001, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run_until_complete(asyncio.sleep(1))
+    # the loop is still usable
+    assert loop.run_until_complete(asyncio.sleep(0.001, "again")) == "again"
+
+
+# -- debug mode ------------------------------------------------------------------------------
+
+
+def test_debug_checks_thread(loop):
+    loop.set_debug(True)
+    errors = []
+
+    async def main():
+        def other():
+            try:
+                loop.call_later(1, lambda: None)
+            except RuntimeError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+
+    run(loop, main())
+    assert len(errors) == 1 and "thread" in str(errors[0]).lower()
+
+
+@pytest.mark.parametrize("kind", ["stock", "bucketimer"])  # uvloop's debug mode does not check callbacks
+def test_debug_rejects_coroutine_callback(loop):
+    loop.set_debug(True)
+
+    async def coro():
+        pass
+
+    with pytest.raises(TypeError):
+        loop.call_later(1, coro)
+
+
+@pytest.mark.parametrize("kind", ["stock", "bucketimer"])  # uvloop reports slow callbacks its own way
+def test_debug_slow_callback_names_callback(loop, caplog):
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.001
+
+    def slow_timer_callback():
+        time.sleep(0.01)
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        loop.call_later(0.001, slow_timer_callback)
+        run(loop, asyncio.sleep(0.03))
+    assert any("slow_timer_callback" in r.getMessage() for r in caplog.records)
+
+
+def test_debug_toggle_keeps_timers_working(loop):
+    got = []
+    loop.call_later(0.01, got.append, "before")
+    loop.set_debug(True)
+    loop.call_later(0.005, got.append, "debug")
+    loop.set_debug(False)
+    loop.call_later(0.001, got.append, "after")
+    run(loop, asyncio.sleep(0.03))
+    assert sorted(got) == ["after", "before", "debug"]
+
+
+# -- policy, install, loop_factory -------------------------------------------------------------
+
+
+def test_new_event_loop_and_policy():
+    lp = bt_loop.new_event_loop()
+    try:
+        assert isinstance(lp, bt_loop.EventLoop)
+        assert isinstance(lp, asyncio.SelectorEventLoop)
+    finally:
+        lp.close()
+    old = asyncio.get_event_loop_policy()
+    try:
+        bt_loop.install()
+        assert isinstance(asyncio.get_event_loop_policy(), bt_loop.EventLoopPolicy)
+        lp = asyncio.new_event_loop()
+        try:
+            assert isinstance(lp, bt_loop.EventLoop)
+        finally:
+            lp.close()
+
+        async def main():
+            return type(asyncio.get_running_loop())
+
+        assert asyncio.run(main()) is bt_loop.EventLoop
+    finally:
+        asyncio.set_event_loop_policy(old)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="asyncio.run(loop_factory=) is 3.12+")
+def test_asyncio_run_loop_factory():
+    async def main():
+        await asyncio.sleep(0.001)
+        return type(asyncio.get_running_loop())
+
+    assert asyncio.run(main(), loop_factory=bt_loop.new_event_loop) is bt_loop.EventLoop
+
+
+def test_runner_loop_factory():
+    with asyncio.Runner(loop_factory=bt_loop.new_event_loop) as r:
+        assert r.run(asyncio.sleep(0.001, "ok")) == "ok"
+        assert isinstance(r.get_loop(), bt_loop.EventLoop)
+
+
+def test_explicit_timer_thread():
+    with bucketimer.TimerThread() as tt:
+        lp = bt_loop.EventLoop(timer_thread=tt)
+        try:
+            assert lp.timer_thread is tt
+            lp.run_until_complete(asyncio.sleep(0.001))
+            assert tt.stats()["fired"] == 1
+        finally:
+            lp.close()
+    with pytest.raises(TypeError):
+        bt_loop.EventLoop(timer_thread=object())
+
+
+# -- native only ---------------------------------------------------------------------------------
+
+
+def test_native_timers_live_in_core(native_loop):
+    loop = native_loop
+    tt = loop.timer_thread
+    before = tt.stats()["scheduled"]
+
+    async def main():
+        await asyncio.sleep(0.001)
+        async with asyncio.timeout(30):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.sleep(0), 30)
+        h = loop.call_later(30, lambda: None)
+        assert isinstance(h, bucketimer.Handle)
+        if hasattr(loop, "_scheduled"):
+            assert len(loop._scheduled) == 0  # asyncio's heap stays empty
+        h.cancel()
+
+    run(loop, main())
+    # sleep, timeout, wait_for (3.11: its own call_later; 3.12+: a timeout),
+    # call_later, and the run() helper's own wait_for
+    assert tt.stats()["scheduled"] - before >= 5
+
+
+def test_native_never_early(native_loop):
+    loop = native_loop
+    lateness = []
+
+    def cb(deadline):
+        lateness.append(time.monotonic() - deadline)
+
+    for i in range(200):
+        deadline = time.monotonic() + (i % 17) * 0.0007
+        loop.call_at(deadline, cb, deadline)
+    run(loop, asyncio.sleep(0.05))
+    assert len(lateness) == 200
+    assert min(lateness) >= -1e-9  # float rounding only
+
+
+def test_native_equal_deadlines_in_schedule_order(native_loop):
+    loop = native_loop
+    got = []
+    when = loop.time() + 0.005
+    for i in range(100):
+        loop.call_at(when, got.append, i)
+    run(loop, asyncio.sleep(0.02))
+    assert got == list(range(100))
+
+
+def test_native_fast_path_installed(native_loop):
+    loop = native_loop
+    assert "call_later" in loop.__dict__
+    loop.set_debug(True)
+    assert "call_later" not in loop.__dict__
+    h = loop.call_later(1, lambda: None)
+    assert not isinstance(h, bucketimer.Handle)  # debug mode: the stock path
+    h.cancel()
+    loop.set_debug(False)
+    assert "call_later" in loop.__dict__
+    loop.close()
+    assert "call_later" not in loop.__dict__
+
+
+def test_native_subclass_overrides_respected(native_loop_kind):
+    calls = []
+    base = LOOPS[native_loop_kind]
+
+    class Logging(base):
+        def call_at(self, when, callback, *args, context=None):
+            calls.append(when)
+            return super().call_at(when, callback, *args, context=context)
+
+    lp = Logging()
+    try:
+        assert lp.run_until_complete(asyncio.sleep(0.001, "ok")) == "ok"
+    finally:
+        lp.close()
+    assert calls  # call_later (asyncio.sleep) went through the subclass's call_at
+
+
+def test_native_virtual_clock_subclass_gets_stock_timers():
+    class Virtual(bt_loop.EventLoop):
+        def time(self):
+            return super().time() + 1000.0
+
+    lp = Virtual()
+    try:
+        h = lp.call_later(0.001, lambda: None)
+        assert isinstance(h, asyncio.TimerHandle)
+        assert lp.run_until_complete(asyncio.sleep(0.001, "ok")) == "ok"
+    finally:
+        lp.close()

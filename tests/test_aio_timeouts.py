@@ -1,0 +1,948 @@
+"""timeout(), timeout_at(), Timeout and wait_for(): bucketimer's against asyncio's.
+
+Every behaviour is written once and run against the stock asyncio helpers
+(the reference) and bucketimer.aio's, on the stock loop, on uvloop's loop
+(where installed) and on bucketimer's drop-in loop.  An assertion that the
+reference fails is a wrong test, not a finding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+import types
+
+import pytest
+
+import bucketimer
+from bucketimer import aio
+from bucketimer import loop as bt_loop
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover
+    uvloop = None
+
+PY312 = sys.version_info >= (3, 12)
+# 3.13 (not 3.12.1) puts a TimeoutError into the chain of an exception raised
+# while handling the timeout's CancelledError.
+INSERTS_TIMEOUT_ERROR = hasattr(asyncio.timeouts.Timeout, "_insert_timeout_error")
+
+IMPLS = {
+    "asyncio": types.SimpleNamespace(
+        name="asyncio",
+        timeout=asyncio.timeout,
+        timeout_at=asyncio.timeout_at,
+        Timeout=asyncio.Timeout,
+        wait_for=asyncio.wait_for,
+    ),
+    "bucketimer": types.SimpleNamespace(
+        name="bucketimer",
+        timeout=aio.timeout,
+        timeout_at=aio.timeout_at,
+        Timeout=aio.Timeout,
+        wait_for=aio.wait_for,
+    ),
+}
+
+LOOPS = {"stock": asyncio.SelectorEventLoop, "bucketimer-loop": bt_loop.EventLoop}
+if uvloop is not None:
+    LOOPS["uvloop"] = uvloop.new_event_loop
+
+
+@pytest.fixture(params=sorted(IMPLS))
+def t(request):
+    return IMPLS[request.param]
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def run(request):
+    """run(coroutine) on a fresh loop of the parametrized kind."""
+    factory = LOOPS[request.param]
+
+    def _run(coro):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(coro)
+
+    return _run
+
+
+# -- None, zero, negative ------------------------------------------------------
+
+
+def test_none_never_fires(t, run):
+    async def main():
+        async with t.timeout(None) as cm:
+            assert cm.when() is None
+            await asyncio.sleep(0.02)
+        assert not cm.expired()
+        return "done"
+
+    assert run(main()) == "done"
+
+
+def test_timeout_at_none(t, run):
+    async def main():
+        async with t.timeout_at(None) as cm:
+            await asyncio.sleep(0.01)
+        return cm.expired(), cm.when()
+
+    assert run(main()) == (False, None)
+
+
+@pytest.mark.parametrize("delay", [0, -1, -1e9])
+def test_zero_and_negative_fire_on_next_iteration(t, run, delay):
+    """A deadline already past fires on the very next loop iteration: the
+    first await in the block is interrupted, even a sleep(0)."""
+    steps = []
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with t.timeout(delay) as cm:
+                steps.append("in")
+                await asyncio.sleep(0)
+                steps.append("after sleep(0)")
+        assert cm.expired()
+        return steps
+
+    assert run(main()) == ["in"]
+
+
+@pytest.mark.parametrize("delay", [0, -1])
+def test_zero_without_await_does_not_raise(t, run, delay):
+    async def main():
+        async with t.timeout(delay) as cm:
+            x = 1 + 1
+        assert not cm.expired()
+        assert asyncio.current_task().cancelling() == 0
+        # the discarded expiry must not hit the task later either
+        await asyncio.sleep(0.01)
+        return x
+
+    assert run(main()) == 2
+
+
+def test_timeout_at_past(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with t.timeout_at(loop.time() - 5):
+                await asyncio.sleep(10)
+        return "ok"
+
+    assert run(main()) == "ok"
+
+
+# -- firing, when(), expired() -----------------------------------------------------
+
+
+def test_fires_and_converts_to_timeout_error(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimeoutError) as ei:
+            async with t.timeout(0.02) as cm:
+                assert not cm.expired()
+                await asyncio.sleep(10)
+        elapsed = loop.time() - t0
+        assert cm.expired()
+        assert isinstance(ei.value.__cause__, asyncio.CancelledError)
+        assert ei.value.__context__ is ei.value.__cause__
+        assert asyncio.current_task().cancelling() == 0
+        return elapsed
+
+    elapsed = run(main())
+    assert 0.015 <= elapsed < 5
+
+
+def test_when_is_loop_time_plus_delay(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        before = loop.time()
+        cm = t.timeout(10)
+        after = loop.time()
+        assert before + 10 <= cm.when() <= after + 10
+        async with cm:
+            assert before + 10 <= cm.when() <= after + 10
+        assert t.timeout_at(123.5).when() == 123.5
+        return "ok"
+
+    assert run(main()) == "ok"
+
+
+def test_finishes_in_time(t, run):
+    async def main():
+        async with t.timeout(5) as cm:
+            await asyncio.sleep(0.01)
+        assert not cm.expired()
+        # the cancelled timer must not cancel the task afterwards
+        await asyncio.sleep(0.02)
+        return asyncio.current_task().cancelling()
+
+    assert run(main()) == 0
+
+
+def test_repr(t, run):
+    async def main():
+        cm = t.timeout_at(1000.12345)
+        assert repr(cm) == "<Timeout [created]>"
+        async with cm:
+            assert repr(cm) == "<Timeout [active] when=1000.123>"
+            cm.reschedule(None)
+            assert repr(cm) == "<Timeout [active] when=None>"
+        assert repr(cm) == "<Timeout [finished]>"
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0) as cm2:
+                await asyncio.sleep(1)
+        assert repr(cm2) == "<Timeout [expired]>"
+        return "ok"
+
+    assert run(main()) == "ok"
+
+
+def test_timeout_class_usable_directly(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with t.Timeout(loop.time() + 0.01) as cm:
+                await asyncio.sleep(5)
+        assert isinstance(cm, t.Timeout)
+        return cm.expired()
+
+    assert run(main()) is True
+
+
+# -- reschedule() -----------------------------------------------------------------
+
+
+def test_reschedule_earlier(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimeoutError):
+            async with t.timeout(30) as cm:
+                cm.reschedule(loop.time() + 0.02)
+                assert cm.when() <= loop.time() + 0.02
+                await asyncio.sleep(30)
+        return loop.time() - t0
+
+    assert run(main()) < 5
+
+
+def test_reschedule_later(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with t.timeout(0.01) as cm:
+            cm.reschedule(loop.time() + 30)
+            await asyncio.sleep(0.05)
+        assert not cm.expired()
+        await asyncio.sleep(0.02)
+        return asyncio.current_task().cancelling()
+
+    assert run(main()) == 0
+
+
+def test_reschedule_to_none(t, run):
+    async def main():
+        async with t.timeout(0.01) as cm:
+            cm.reschedule(None)
+            assert cm.when() is None
+            await asyncio.sleep(0.05)
+        return cm.expired()
+
+    assert run(main()) is False
+
+
+def test_reschedule_from_none(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with t.timeout(None) as cm:
+                cm.reschedule(loop.time() + 0.01)
+                await asyncio.sleep(10)
+        return cm.expired()
+
+    assert run(main()) is True
+
+
+def test_reschedule_to_past_fires_next_iteration(t, run):
+    steps = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with t.timeout(30) as cm:
+                cm.reschedule(loop.time() - 1)
+                steps.append(1)
+                await asyncio.sleep(0)
+                steps.append(2)
+        return steps
+
+    assert run(main()) == [1]
+
+
+def test_reschedule_many_times_keeps_one_timer(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with t.timeout(0.01) as cm:
+            for i in range(200):
+                cm.reschedule(loop.time() + 0.01 + i * 0.001)
+            cm.reschedule(loop.time() + 30)
+            await asyncio.sleep(0.05)
+        return cm.expired()
+
+    assert run(main()) is False
+
+
+def test_reschedule_state_errors(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        cm = t.timeout(1)
+        with pytest.raises(RuntimeError, match="Timeout has not been entered"):
+            cm.reschedule(loop.time() + 1)
+        async with cm:
+            pass
+        with pytest.raises(RuntimeError, match="Cannot change state of finished Timeout"):
+            cm.reschedule(loop.time() + 1)
+
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0) as cm2:
+                try:
+                    await asyncio.sleep(1)
+                finally:
+                    # after expiry, still inside the block
+                    with pytest.raises(RuntimeError, match="Cannot change state of expiring Timeout"):
+                        cm2.reschedule(None)
+        with pytest.raises(RuntimeError, match="Cannot change state of expired Timeout"):
+            cm2.reschedule(None)
+        return "ok"
+
+    assert run(main()) == "ok"
+
+
+# -- use outside a task, re-entry -------------------------------------------------------
+
+
+def test_timeout_outside_running_loop(t):
+    with pytest.raises(RuntimeError):
+        t.timeout(1)
+    # timeout_at() does not need a loop until entered
+    cm = t.timeout_at(None)
+    assert cm.when() is None
+
+
+def test_enter_outside_task(t, run):
+    """A running loop but no task: driven from a plain callback."""
+
+    async def body(cm):
+        async with cm:
+            pass
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def drive():
+            coro = body(t.timeout_at(loop.time() + 10))
+            try:
+                coro.send(None)
+            except BaseException as e:  # noqa: BLE001 - what we look at
+                fut.set_result(e)
+            else:  # pragma: no cover
+                fut.set_result(None)
+
+        loop.call_soon(drive)
+        return await fut
+
+    e = run(main())
+    assert isinstance(e, RuntimeError)
+    assert str(e) == "Timeout should be used inside a task"
+
+
+def test_reentry_raises(t, run):
+    async def main():
+        cm = t.timeout(10)
+        async with cm:
+            with pytest.raises(RuntimeError, match="Timeout has already been entered"):
+                async with cm:
+                    pass
+        with pytest.raises(RuntimeError, match="Timeout has already been entered"):
+            async with cm:
+                pass
+        return "ok"
+
+    assert run(main()) == "ok"
+
+
+# -- nesting -------------------------------------------------------------------------
+
+
+def test_nested_inner_fires(t, run):
+    async def main():
+        async with t.timeout(30) as outer:
+            with pytest.raises(TimeoutError):
+                async with t.timeout(0.01) as inner:
+                    await asyncio.sleep(10)
+            await asyncio.sleep(0.01)
+        return inner.expired(), outer.expired(), asyncio.current_task().cancelling()
+
+    assert run(main()) == (True, False, 0)
+
+
+def test_nested_outer_fires(t, run):
+    seen = []
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0.01) as outer:
+                try:
+                    async with t.timeout(30) as inner:
+                        await asyncio.sleep(10)
+                except BaseException as e:
+                    seen.append(type(e))
+                    raise
+        return inner.expired(), outer.expired(), asyncio.current_task().cancelling()
+
+    assert run(main()) == (False, True, 0)
+    # the inner timeout lets the CancelledError through, untouched
+    assert seen == [asyncio.CancelledError]
+
+
+def test_nested_both_expire(t, run):
+    """Both deadlines pass before the task runs again: the outer one reports."""
+    seen = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with t.timeout(30) as outer:
+                try:
+                    async with t.timeout(30) as inner:
+                        inner.reschedule(loop.time() - 1)
+                        outer.reschedule(loop.time() - 1)
+                        await asyncio.sleep(10)
+                except BaseException as e:
+                    seen.append(type(e))
+                    raise
+        return inner.expired(), outer.expired(), asyncio.current_task().cancelling()
+
+    assert run(main()) == (True, True, 0)
+    assert seen == [asyncio.CancelledError]
+
+
+def test_nested_inner_caught_then_outer_fires(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0.05) as outer:
+                with pytest.raises(TimeoutError):
+                    async with t.timeout(0.005):
+                        await asyncio.sleep(10)
+                assert not outer.expired()
+                await asyncio.sleep(10)
+        return outer.expired(), loop.time()
+
+    expired, _ = run(main())
+    assert expired
+
+
+# -- TaskGroups -------------------------------------------------------------------------
+
+
+def test_taskgroup_inside_timeout(t, run):
+    started = []
+
+    async def child():
+        started.append(1)
+        await asyncio.sleep(10)
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0.02) as cm, asyncio.TaskGroup() as tg:
+                tg.create_task(child())
+                tg.create_task(child())
+        return cm.expired(), asyncio.current_task().cancelling()
+
+    assert run(main()) == (True, 0)
+    assert started == [1, 1]
+
+
+def test_timeout_inside_taskgroup_child(t, run):
+    async def child():
+        async with t.timeout(0.01):
+            await asyncio.sleep(10)
+
+    async def main():
+        with pytest.raises(ExceptionGroup) as ei:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(child())
+                tg.create_task(asyncio.sleep(10))
+        return [type(e) for e in ei.value.exceptions]
+
+    assert run(main()) == [TimeoutError]
+
+
+def test_timeout_inside_taskgroup_child_handled(t, run):
+    async def child():
+        try:
+            async with t.timeout(0.01):
+                await asyncio.sleep(10)
+        except TimeoutError:
+            return "timed out"
+
+    async def main():
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(child())
+        return task.result()
+
+    assert run(main()) == "timed out"
+
+
+def _chain(e):
+    """Types along an exception's __context__ chain (c: has a __cause__)."""
+    out = []
+    while e is not None:
+        out.append(type(e).__name__ + ("(c)" if e.__cause__ is not None else ""))
+        e = e.__context__
+    return out
+
+
+def test_taskgroup_child_fails_on_cancel_inside_timeout(t, run):
+    """A child raising while the group is cancelled by the timeout: the
+    group's ExceptionGroup propagates.  Whether a TimeoutError is inserted
+    into the chains depends on the version's TaskGroup (3.13.0: yes, 3.12.1:
+    no): compared with asyncio's own helpers on the same loop."""
+
+    async def child():
+        try:
+            await asyncio.sleep(10)
+        finally:
+            raise ValueError("cleanup failed")
+
+    def scenario(impl):
+        async def main():
+            with pytest.raises(ExceptionGroup) as ei:
+                async with impl.timeout(0.01) as cm, asyncio.TaskGroup() as tg:
+                    tg.create_task(child())
+                    await asyncio.sleep(10)
+            eg = ei.value
+            return cm.expired(), _chain(eg), [_chain(e) for e in eg.exceptions]
+
+        return run(main())
+
+    got = scenario(t)
+    assert got == scenario(IMPLS["asyncio"])
+    assert got[0] is True
+    assert got[2][0][0] == "ValueError"
+
+
+def test_exception_group_chain_gets_timeout_error(t, run):
+    """3.13: an ExceptionGroup raised while handling the timeout's
+    CancelledError, and each of its members, get a TimeoutError inserted in
+    front of that CancelledError (chains compared with asyncio's own)."""
+
+    def scenario(impl):
+        async def main():
+            with pytest.raises(ExceptionGroup) as ei:
+                async with impl.timeout(0.01):
+                    try:
+                        await asyncio.sleep(10)
+                    except asyncio.CancelledError:
+                        try:
+                            raise KeyError("member")
+                        except KeyError as member:
+                            raise ExceptionGroup("group", [member])
+            eg = ei.value
+            return _chain(eg), _chain(eg.exceptions[0])
+
+        return run(main())
+
+    group, member = got = scenario(t)
+    assert got == scenario(IMPLS["asyncio"])
+    assert group[:2] == ["ExceptionGroup", "KeyError"]
+    assert ("TimeoutError(c)" in member) is INSERTS_TIMEOUT_ERROR
+    assert member[-1] == "CancelledError"
+
+
+# -- cancelled from outside, uncancel bookkeeping ------------------------------------------
+
+
+def test_outside_cancel_propagates(t, run):
+    async def inner(started):
+        async with t.timeout(30) as cm:
+            started.set_result(cm)
+            await asyncio.sleep(10)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        started = loop.create_future()
+        task = asyncio.create_task(inner(started))
+        cm = await started
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return cm.expired(), task.cancelled()
+
+    assert run(main()) == (False, True)
+
+
+def test_outside_cancel_and_expiry_together_is_cancel(t, run):
+    """The timeout expired, but somebody else cancelled the task too: the
+    CancelledError must propagate, not turn into a TimeoutError."""
+    seen = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        try:
+            async with t.timeout(30) as cm:
+                cm.reschedule(loop.time() - 1)  # expires on the next iteration
+                task.cancel()  # and an outside cancel request as well
+                await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+        except TimeoutError:  # pragma: no cover - the bug this guards against
+            seen.append("timeout")
+        return cm.expired(), task.cancelling()
+
+    assert run(main()) == (True, 1)
+    assert seen == ["cancelled"]
+
+
+def test_uncancel_restores_baseline(t, run):
+    """A task already carrying a cancel request (caught, not uncancelled)
+    still gets a TimeoutError, and its count is unchanged afterwards."""
+
+    async def main():
+        task = asyncio.current_task()
+        task.cancel()
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            pass
+        assert task.cancelling() == 1
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0.01):
+                await asyncio.sleep(10)
+        n = task.cancelling()
+        task.uncancel()
+        return n
+
+    assert run(main()) == 1
+
+
+def test_uncancel_after_expiry_back_to_zero(t, run):
+    async def main():
+        task = asyncio.current_task()
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                async with t.timeout(0.005):
+                    await asyncio.sleep(10)
+            assert task.cancelling() == 0
+        return "ok"
+
+    assert run(main()) == "ok"
+
+
+def test_swallowed_cancellation_inside_block(t, run):
+    """The body swallows the timeout's CancelledError and returns normally:
+    no TimeoutError (exc_type is None), but the timeout is expired and the
+    task's count goes back down."""
+
+    async def main():
+        async with t.timeout(0.01) as cm:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                pass
+        return cm.expired(), asyncio.current_task().cancelling()
+
+    assert run(main()) == (True, 0)
+
+
+# -- exception chaining ------------------------------------------------------------------------
+
+
+def test_error_raised_while_handling_timeout(t, run):
+    """An exception raised in the block while the timeout's CancelledError is
+    being handled.  3.11, 3.12.1: it propagates as is (context: the
+    CancelledError).  3.13: a TimeoutError is inserted between it and the
+    CancelledError."""
+
+    async def main():
+        with pytest.raises(ValueError) as ei:
+            async with t.timeout(0.01):
+                try:
+                    await asyncio.sleep(10)
+                finally:
+                    raise ValueError("in finally")
+        return ei.value
+
+    exc = run(main())
+    if INSERTS_TIMEOUT_ERROR:
+        assert isinstance(exc.__context__, TimeoutError)
+        assert isinstance(exc.__context__.__cause__, asyncio.CancelledError)
+        assert exc.__context__.__context__ is exc.__context__.__cause__
+    else:
+        assert isinstance(exc.__context__, asyncio.CancelledError)
+
+
+def test_error_unrelated_to_timeout(t, run):
+    async def main():
+        with pytest.raises(KeyError):
+            async with t.timeout(10) as cm:
+                raise KeyError("x")
+        return cm.expired()
+
+    assert run(main()) is False
+
+
+def test_callback_runs_in_task_context(t, run):
+    """The expiry callback runs in a copy of the context active at enter;
+    it must not leak into or break the task's context."""
+    var = contextvars.ContextVar("var", default="unset")
+
+    async def main():
+        var.set("task")
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0.01):
+                await asyncio.sleep(10)
+        return var.get()
+
+    assert run(main()) == "task"
+
+
+# -- wait_for -----------------------------------------------------------------------------------
+
+
+def test_wait_for_result(t, run):
+    async def work():
+        await asyncio.sleep(0.001)
+        return 42
+
+    async def main():
+        return await t.wait_for(work(), 5)
+
+    assert run(main()) == 42
+
+
+def test_wait_for_finishing_coroutine(t, run):
+    async def work():
+        return "now"
+
+    async def main():
+        return [await t.wait_for(work(), 5) for _ in range(50)]
+
+    assert run(main()) == ["now"] * 50
+
+
+def test_wait_for_none(t, run):
+    async def work():
+        await asyncio.sleep(0.01)
+        return 1
+
+    async def main():
+        return await t.wait_for(work(), None)
+
+    assert run(main()) == 1
+
+
+def test_wait_for_times_out_and_cancels_inner(t, run):
+    cancelled = []
+
+    async def work():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TimeoutError) as ei:
+            await t.wait_for(work(), 0.02)
+        assert isinstance(ei.value.__cause__, asyncio.CancelledError)
+        return loop.time() - t0, asyncio.current_task().cancelling()
+
+    elapsed, cancelling = run(main())
+    assert 0.015 <= elapsed < 5
+    assert cancelling == 0
+    assert cancelled == [True]
+
+
+@pytest.mark.parametrize("timeout", [0, -1])
+def test_wait_for_zero_does_not_start_coroutine(t, run, timeout):
+    started = []
+
+    async def work():
+        started.append(1)
+
+    async def main():
+        with pytest.raises(TimeoutError) as ei:
+            await t.wait_for(work(), timeout)
+        assert isinstance(ei.value.__cause__, asyncio.CancelledError)
+        return started
+
+    assert run(main()) == []
+
+
+def test_wait_for_zero_done_future(t, run):
+    async def main():
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result("ready")
+        return await t.wait_for(fut, 0)
+
+    assert run(main()) == "ready"
+
+
+def test_wait_for_future(t, run):
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        loop.call_later(0.005, fut.set_result, "later")
+        return await t.wait_for(fut, 5)
+
+    assert run(main()) == "later"
+
+
+def test_wait_for_future_times_out_cancels_it(t, run):
+    async def main():
+        fut = asyncio.get_running_loop().create_future()
+        with pytest.raises(TimeoutError):
+            await t.wait_for(fut, 0.01)
+        return fut.cancelled()
+
+    assert run(main()) is True
+
+
+def test_wait_for_cancelled_from_outside(t, run):
+    inner_cancelled = []
+
+    async def work():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            inner_cancelled.append(True)
+            raise
+
+    async def waiter(ready):
+        ready.set_result(None)
+        return await t.wait_for(work(), 30)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        task = asyncio.create_task(waiter(ready))
+        await ready
+        await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return task.cancelled()
+
+    assert run(main()) is True
+    assert inner_cancelled == [True]
+
+
+def test_wait_for_suppressed_cancellation_returns_value(t, run):
+    """The awaited coroutine swallows the cancellation and returns a value:
+    wait_for returns that value (3.11: after waiting for the wrapped task;
+    3.12+: directly)."""
+
+    async def stubborn():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "suppressed"
+
+    async def main():
+        return await t.wait_for(stubborn(), 0.01)
+
+    assert run(main()) == "suppressed"
+
+
+def test_wait_for_exception_propagates(t, run):
+    async def boom():
+        await asyncio.sleep(0.001)
+        raise ZeroDivisionError
+
+    async def main():
+        with pytest.raises(ZeroDivisionError):
+            await t.wait_for(boom(), 5)
+        return asyncio.current_task().cancelling()
+
+    assert run(main()) == 0
+
+
+def test_wait_for_runs_coroutine_in_same_task_on_312(t, run):
+    """3.11 wraps the coroutine in a new Task; 3.12+ awaits it in place."""
+
+    async def who():
+        return asyncio.current_task()
+
+    async def main():
+        return (await t.wait_for(who(), 5)) is asyncio.current_task()
+
+    assert run(main()) is PY312
+
+
+def test_wait_for_inside_timeout(t, run):
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with t.timeout(0.01) as cm:
+                await t.wait_for(asyncio.sleep(10), 30)
+        return cm.expired(), asyncio.current_task().cancelling()
+
+    assert run(main()) == (True, 0)
+
+
+def test_wait_for_timeout_inside_outer_timeout(t, run):
+    async def main():
+        async with t.timeout(30) as cm:
+            with pytest.raises(TimeoutError):
+                await t.wait_for(asyncio.sleep(10), 0.01)
+        return cm.expired(), asyncio.current_task().cancelling()
+
+    assert run(main()) == (False, 0)
+
+
+# -- bucketimer specifics (not in the reference) --------------------------------------------
+
+
+def test_timer_lives_in_the_core():
+    tt = bucketimer.default_timer_thread()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        before = tt.stats()["scheduled"]
+        heap_before = len(loop._scheduled)
+        async with aio.timeout(30):
+            assert len(loop._scheduled) == heap_before  # nothing in asyncio's heap
+        await aio.wait_for(asyncio.sleep(0), 30)
+        return tt.stats()["scheduled"] - before
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        assert r.run(main()) == 2
+
+
+def test_timer_thread_replaced_after_close():
+    """When the default TimerThread is closed, the helpers move to the new one."""
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            async with aio.timeout(0.01):
+                await asyncio.sleep(10)
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        r.run(main())
+    first = bucketimer.default_timer_thread()
+    fired = first.stats()["fired"]
+    first.close()
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        r.run(main())
+    second = bucketimer.default_timer_thread()
+    assert second is not first
+    assert fired >= 1
+    assert second.stats()["fired"] == 1
