@@ -1,0 +1,124 @@
+"""``python -m bucketimer.bench``: run the suite, print the table, write files.
+
+    python -m bucketimer.bench                 # the full suite (a few minutes)
+    python -m bucketimer.bench --quick         # under 30 s
+    python -m bucketimer.bench --quick --json out.json --csv out.csv --plot out.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from . import GROUPS, run
+from ._report import format_table, write_csv, write_json
+from ._suite import CONTENDERS
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bucketimer.bench",
+        description="bucketimer's timers against asyncio, uvloop, threading.Timer, sched "
+                    "and a single-lock heap: one table, every figure from the same run.")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", dest="suite", action="store_const", const="quick",
+                      help="smaller sizes, fewer rounds: under 30 s")
+    size.add_argument("--smoke", dest="suite", action="store_const", const="smoke",
+                      help="tiny sizes: checks that everything runs (a few seconds)")
+    size.add_argument("--full", dest="suite", action="store_const", const="full",
+                      help="the standard suite (the default): a few minutes")
+    p.set_defaults(suite="full")
+    p.add_argument("--rounds", type=int, help="override the suite's number of rounds")
+    p.add_argument("--only", metavar="GROUPS",
+                   help=f"comma-separated workload groups to run, of: {','.join(GROUPS)}")
+    p.add_argument("--contenders", metavar="NAMES",
+                   help=f"comma-separated columns to run, of: {','.join(CONTENDERS)}")
+    p.add_argument("--json", metavar="FILE", help="write every record and machine info as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write every record as CSV")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the comparison (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--load", metavar="FILE.json",
+                   help="run nothing: print the table (and write --csv/--plot) of a "
+                        "file an earlier --json wrote")
+    return p
+
+
+def _split(arg: str | None) -> list[str] | None:
+    return [x.strip() for x in arg.split(",") if x.strip()] if arg else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.rounds is not None and args.rounds < 1:
+        print("--rounds must be >= 1", file=sys.stderr)
+        return 2
+    groups = _split(args.only) or list(GROUPS)
+    contenders = _split(args.contenders)
+    for bad in [g for g in groups if g not in GROUPS]:
+        print(f"unknown workload group {bad!r}; known: {', '.join(GROUPS)}", file=sys.stderr)
+        return 2
+    if contenders is not None:
+        for bad in [c for c in contenders if c not in CONTENDERS]:
+            print(f"unknown contender {bad!r}; known: {', '.join(CONTENDERS)}", file=sys.stderr)
+            return 2
+        if "bucketimer" not in contenders:
+            contenders.insert(0, "bucketimer")
+    progress = not args.no_progress and sys.stderr.isatty() and not args.load
+    if not args.no_progress and not progress and not args.load:
+        print(f"bucketimer.bench: running the {args.suite} suite...", file=sys.stderr)
+    if progress:
+        try:
+            import tqdm  # noqa: F401
+        except ImportError:
+            print("note: install tqdm for progress bars", file=sys.stderr)
+
+    if args.load:
+        from . import Records
+        from ._report import read_json
+
+        try:
+            recs, meta = read_json(args.load)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"cannot load {args.load}: {e}", file=sys.stderr)
+            return 2
+        data = Records(recs, meta)
+        print(format_table(data, sys.stdout))
+        print(f"(loaded from {args.load}; produced by: {meta.get('command')})")
+    else:
+        t0 = time.perf_counter()
+        data = run(args.suite, groups=groups, contenders=contenders, progress=progress,
+                   rounds=args.rounds, as_frame=False)
+        data.meta["command"] = " ".join(
+            ["python -m bucketimer.bench", *(sys.argv[1:] if argv is None else argv)])
+        elapsed = time.perf_counter() - t0
+        print(format_table(data, sys.stdout))
+        print(f"({args.suite} suite: {elapsed:.1f} s)")
+
+    if args.json:
+        write_json(data, args.json)
+        print(f"wrote {args.json}")
+    if args.csv:
+        write_csv(data, args.csv)
+        print(f"wrote {args.csv}")
+    if args.plot:
+        try:
+            import matplotlib
+
+            if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+                matplotlib.use("Agg")
+        except ImportError:
+            print(f"note: matplotlib is not installed: {args.plot} not written "
+                  "(pip install matplotlib)", file=sys.stderr)
+        else:
+            from . import plot
+
+            fig = plot(data)
+            fig.savefig(args.plot, dpi=110)
+            print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

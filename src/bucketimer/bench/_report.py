@@ -1,0 +1,280 @@
+"""The printed table, and the JSON and CSV files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ._suite import BUCKETIMER, CONTENDERS, REF_HEAP
+
+_FANCY = {"mu": "\u00b5", "x": "\u00d7", "pm": "\u00b1", "down": "\u2193", "up": "\u2191"}
+_PLAIN = {"mu": "u", "x": "x", "pm": "+-", "down": "v", "up": "^"}
+
+
+def symbols(stream: Any = None) -> dict[str, str]:
+    """Unicode symbols when ``stream`` can encode them, ASCII otherwise."""
+    enc = getattr(stream if stream is not None else sys.stdout, "encoding", None) or "ascii"
+    try:
+        "".join(_FANCY.values()).encode(enc)
+    except (UnicodeEncodeError, LookupError):
+        return _PLAIN
+    return _FANCY
+
+
+def _isnan(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def format_value(value: float, unit: str, sym: dict[str, str] | None = None) -> str:
+    """2.5e-6 s written in the row's unit: '2.50 us', '31.2M/s', '1.73x'."""
+    sym = sym or _FANCY
+    if _isnan(value):
+        return "-"
+    if unit == "ns":
+        a = abs(value)
+        if a < 1e3:
+            return f"{value:.0f} ns"
+        if a < 1e6:
+            return f"{value / 1e3:.3g} {sym['mu']}s"
+        if a < 1e9:
+            return f"{value / 1e6:.3g} ms"
+        return f"{value / 1e9:.3g} s"
+    if unit == "pairs/s":
+        if value >= 1e6:
+            return f"{value / 1e6:.3g}M/s"
+        return f"{value / 1e3:.3g}k/s"
+    if unit == "x":
+        return f"{value:.2f}{sym['x']}"
+    if unit == "count":
+        return f"{value:.0f}"
+    return f"{value:.3g} {unit}"
+
+
+def _cell(rec: dict[str, Any], sym: dict[str, str]) -> tuple[str, str]:
+    """(value line, ratio line) of one table cell."""
+    if rec["unit"] == "count":
+        total, timers = rec.get("total"), rec.get("timers")
+        if not _isnan(total) and not _isnan(timers):
+            return f"{total:.0f} / {timers:.0f}", ""
+        return format_value(rec["median"], "count", sym), ""
+    value = format_value(rec["median"], rec["unit"], sym)
+    med, p25, p75 = rec["median"], rec["p25"], rec["p75"]
+    if not _isnan(med) and med and not _isnan(p25) and not _isnan(p75):
+        spread = (p75 - p25) / 2 / abs(med) * 100
+        value += f" {sym['pm']}{spread:.0f}%"
+    ratio = rec.get("ratio")
+    line2 = "" if _isnan(ratio) or rec["contender"] == BUCKETIMER else f"{sym['x']}{ratio:.3g}"
+    return value, line2
+
+
+# Fields only some records have: a DataFrame fills the others with NaN.
+_OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note")
+
+
+def as_records(data: Any) -> list[dict[str, Any]]:
+    """Records from run(): a pandas DataFrame or a list of dicts."""
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):
+        recs = data.to_dict("records")
+        for r in recs:  # pandas turns None into NaN in numeric columns
+            for k, v in list(r.items()):
+                if isinstance(v, float) and math.isnan(v) and k in _OPTIONAL_FIELDS:
+                    r[k] = None
+        return recs
+    return list(data)
+
+
+def meta_of(data: Any) -> dict[str, Any]:
+    """The suite/machine/notes metadata run() attached to its result."""
+    attrs = getattr(data, "attrs", None)
+    if isinstance(attrs, dict) and attrs:
+        return attrs
+    return getattr(data, "meta", {}) or {}
+
+
+def format_table(data: Any, stream: Any = None) -> str:
+    """The one table: workloads as rows, contenders as columns."""
+    sym = symbols(stream)
+    recs = as_records(data)
+    meta = meta_of(data)
+    cols = [c for c in CONTENDERS if any(r["contender"] == c for r in recs)]
+    rows: list[tuple[str, str, str]] = []  # (workload, label, better)
+    for r in recs:
+        key = (r["workload"], r["label"], r["better"])
+        if key not in rows:
+            rows.append(key)
+    by = {(r["workload"], r["contender"]): r for r in recs}
+    header = ["workload"] + cols
+    body: list[list[str]] = []
+    groups: list[str] = []
+    group_of = {r["workload"]: r["group"] for r in recs}
+    for workload, label, better in rows:
+        arrow = sym["down"] if better == "lower" else sym["up"]
+        line1 = [f"{arrow} {label}"]
+        line2 = [""]
+        for c in cols:
+            rec = by.get((workload, c))
+            v, q = _cell(rec, sym) if rec is not None else ("", "")
+            line1.append(v)
+            line2.append(q)
+        body.append(line1)
+        groups.append(group_of[workload])
+        if any(line2[1:]):
+            body.append(line2)
+            groups.append(group_of[workload])
+    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+
+    def fmt(row: Sequence[str]) -> str:
+        first = row[0].ljust(widths[0])
+        rest = "  ".join(cell.rjust(w) for cell, w in zip(row[1:], widths[1:]))
+        return (first + "  " + rest).rstrip()
+
+    suite = meta.get("suite", {})
+    machine = meta.get("machine", {})
+    out = []
+    title = "bucketimer.bench"
+    if suite:
+        title += f" ({suite.get('name')} suite, {suite.get('rounds')} rounds)"
+    if machine:
+        title += (f" -- Python {machine.get('python')}, {machine.get('cpus_usable')} CPUs, "
+                  f"{machine.get('cpu_model') or machine.get('machine')}")
+    out.append(title)
+    out.append(fmt(header))
+    out.append("-" * len(fmt(header)))
+    prev = None
+    for row, group in zip(body, groups):
+        if prev is not None and group != prev:
+            out.append("")
+        out.append(fmt(row))
+        prev = group
+    out.append("")
+    out.append(f"Each cell: the median over rounds {sym['pm']} half the interquartile range; "
+               f"{sym['x']}N below it = that median / bucketimer's.")
+    out.append(f"{sym['down']} lower is better, {sym['up']} higher is better.  Lateness = "
+               "callback start - deadline (early fires: negative).")
+    out.append(f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
+               f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one mutex "
+               "around one binary heap.")
+    out.extend(core_verdict(recs, machine))
+    load = machine.get("loadavg_before") or machine.get("loadavg")
+    usable = machine.get("cpus_usable")
+    if load and usable and load[0] > 0.5 * usable:
+        out.append(f"note: the 1-minute load average was {load[0]:.2f} on {usable} CPUs when "
+                   "the run started: other processes competed for the CPUs, so spreads are "
+                   "wide and the thread rows understate what the cores can do.")
+    for note in meta.get("notes", []):
+        out.append(f"note: {note}")
+    return "\n".join(out)
+
+
+def core_verdict(recs: list[dict[str, Any]], machine: dict[str, Any]) -> list[str]:
+    """One line on the core rows: ahead of the single-lock heap or not."""
+    by = {(r["workload"], r["contender"]): r for r in recs}
+    lines = []
+    for r in recs:
+        if r["contender"] != BUCKETIMER or not r["workload"].startswith("core@"):
+            continue
+        nt = r.get("threads") or 1
+        ref = by.get((r["workload"], REF_HEAP))
+        if ref is None or nt == 1 or _isnan(ref["median"]) or not ref["median"]:
+            continue
+        ratio = r["median"] / ref["median"]
+        verdict = "ahead of" if ratio > 1.05 else ("behind" if ratio < 0.95 else "level with")
+        line = (f"core, {nt} threads: the bucketed core is {verdict} the single-lock heap "
+                f"({ratio:.2f}x its rate)")
+        usable = machine.get("cpus_usable")
+        if usable and nt > usable:
+            line += f"; {nt} threads share {usable} CPUs here (time-sliced, not parallel)"
+        lines.append(line + ".")
+    return lines
+
+
+def _clean(x: Any) -> Any:
+    """JSON-safe: NaN -> None, recursively."""
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):  # numpy scalars
+        try:
+            return _clean(x.item())
+        except (TypeError, ValueError):
+            return x
+    return x
+
+
+def write_json(data: Any, path: str) -> None:
+    meta = meta_of(data)
+    doc = {
+        "format": "bucketimer.bench/1",
+        "suite": meta.get("suite"),
+        "machine": meta.get("machine"),
+        "command": meta.get("command"),
+        "notes": meta.get("notes", []),
+        "records": as_records(data),
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_clean(doc), f, indent=1, allow_nan=False)
+        f.write("\n")
+
+
+CSV_FIELDS = ["group", "workload", "label", "contender", "unit", "better", "rounds",
+              "per_round", "pending", "threads", "median", "p10", "p25", "p75", "p90",
+              "min", "max", "mean", "ratio", "total", "timers", "note", "samples"]
+MACHINE_FIELDS = ["suite", "platform", "cpu_model", "cpu_count", "cpus_usable", "python",
+                  "bucketimer_version", "uvloop_version"]
+
+
+def write_csv(data: Any, path: str) -> None:
+    meta = meta_of(data)
+    machine = meta.get("machine") or {}
+    pk = machine.get("packages") or {}
+    mrow = {
+        "suite": (meta.get("suite") or {}).get("name"),
+        "platform": machine.get("platform"),
+        "cpu_model": machine.get("cpu_model"),
+        "cpu_count": machine.get("cpu_count"),
+        "cpus_usable": machine.get("cpus_usable"),
+        "python": machine.get("python"),
+        "bucketimer_version": machine.get("bucketimer"),
+        "uvloop_version": pk.get("uvloop"),
+    }
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + MACHINE_FIELDS)
+        w.writeheader()
+        for r in as_records(data):
+            row = {k: _csv_value(r.get(k)) for k in CSV_FIELDS}
+            row["samples"] = ";".join(f"{x:.6g}" for x in (r.get("samples") or []))
+            row.update(mrow)
+            w.writerow(row)
+
+
+def _csv_value(v: Any) -> Any:
+    v = _clean(v)
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+
+def read_json(path: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Records and metadata of a file write_json wrote."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if doc.get("format") != "bucketimer.bench/1":
+        raise ValueError(f"{path}: not a bucketimer.bench JSON file")
+    recs = doc["records"]
+    for r in recs:  # JSON null back to NaN where the table expects numbers
+        for k in ("median", "p10", "p25", "p75", "p90", "min", "max", "mean", "ratio"):
+            if r.get(k) is None:
+                r[k] = math.nan
+    meta = {k: doc.get(k) for k in ("suite", "machine", "command", "notes")}
+    meta["notes"] = meta["notes"] or []
+    return recs, meta

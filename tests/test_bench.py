@@ -1,0 +1,267 @@
+"""The benchmark kit: `python -m bucketimer.bench` end to end (smoke sizes),
+its files, the notebook helpers, and the C reference timer it compares with.
+
+No timing is asserted here: performance targets live in the benchmarks.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import bucketimer
+from bucketimer import bench
+from bucketimer.bench import _suite
+
+try:
+    import matplotlib  # noqa: F401
+
+    HAVE_MPL = True
+except ImportError:
+    HAVE_MPL = False
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_smoke_writes_table_json_csv_png(tmp_path):
+    out_json, out_csv, out_png = (tmp_path / n for n in ("out.json", "out.csv", "out.png"))
+    env = dict(os.environ, MPLBACKEND="Agg")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bucketimer.bench", "--smoke", "--json", str(out_json),
+         "--csv", str(out_csv), "--plot", str(out_png)],
+        check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+
+    # The one table: a header with the contenders, a row per workload.
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("workload"))
+    for col in ("bucketimer", "asyncio", "sched", "threading.Timer", "1-lock heap"):
+        assert col in header
+    for label in ("pairs in a loop, 0 pending", "pairs in a loop, 1k pending",
+                  "lateness p99, in a loop", "early fires", "pairs, no loop, 0 pending",
+                  "core pairs/s, 2 threads", "core scaling, 2 threads / 1"):
+        assert any(label in line for line in lines), label
+
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
+    assert doc["format"] == "bucketimer.bench/1"
+    assert doc["suite"]["name"] == "smoke"
+    m = doc["machine"]
+    for key in ("platform", "cpu_count", "python", "packages"):
+        assert m[key], key
+    assert m["packages"]["bucketimer"] == bucketimer.__version__
+    recs = doc["records"]
+    by = {(r["workload"], r["contender"]): r for r in recs}
+    rounds = doc["suite"]["rounds"]
+    for r in recs:
+        assert len(r["samples"]) == r["rounds"] == rounds, r["workload"]
+        if r["unit"] != "count":
+            assert r["min"] <= r["p25"] <= r["median"] <= r["p75"] <= r["max"], r
+    # bucketimer is on every row and its timings are real numbers.
+    workloads = {r["workload"] for r in recs}
+    expected = {"pairs@0", "pairs@1000", "lateness_p50", "lateness_p99", "lateness_max",
+                "early_fires", "noloop_pairs@0", "noloop_pairs@pending",
+                "noloop_lateness_p50", "noloop_lateness_p99", "core@1", "core@2",
+                "core_scaling@2", "core_pending"}
+    if bench._suite.find_timeout() is not None:
+        expected.add("timeout")
+    assert expected <= workloads
+    for w in expected:
+        b = by[(w, "bucketimer")]
+        if b["unit"] in ("ns", "pairs/s"):
+            assert b["median"] > 0, w
+            assert b["ratio"] == 1.0  # the baseline of its row
+        else:  # counts and scaling factors have no ratio (JSON null, not NaN)
+            assert b["ratio"] is None, w
+    a = by[("pairs@0", "asyncio")]
+    assert a["ratio"] == pytest.approx(a["median"] / by[("pairs@0", "bucketimer")]["median"])
+    # Every timer of the lateness rounds fired exactly once: the histograms
+    # count all of them, and the early-fire record knows the total.
+    early = by[("early_fires", "bucketimer")]
+    assert early["timers"] == rounds * doc["suite"]["late_timers"]
+    assert early["total"] == 0  # the core never fires early (DESIGN rule 6)
+    assert sum(by[("lateness_p50", "bucketimer")]["hist"]) == early["timers"]
+
+    with open(out_csv, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(recs)
+    assert {"workload", "contender", "median", "p25", "p75", "samples", "python",
+            "cpu_count"} <= set(rows[0])
+    for row, rec in zip(rows, recs):
+        assert row["workload"] == rec["workload"]
+        assert len(row["samples"].split(";")) == rec["rounds"]
+        assert float(row["median"]) == pytest.approx(rec["median"], rel=1e-5)
+
+    if HAVE_MPL:
+        data = out_png.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 20_000
+        import matplotlib.image
+
+        img = matplotlib.image.imread(str(out_png))
+        assert img.shape[0] > 400 and img.shape[1] > 800
+    else:
+        assert not out_png.exists()
+        assert "matplotlib is not installed" in proc.stderr
+
+
+_WITHOUT_OPTIONAL = """
+import runpy, sys
+for name in ("matplotlib", "pandas", "tqdm", "uvloop"):
+    sys.modules[name] = None  # makes `import name` raise ImportError
+sys.argv = ["bucketimer.bench"] + sys.argv[1:]
+runpy.run_module("bucketimer.bench", run_name="__main__")
+"""
+
+
+def test_cli_degrades_without_optional_packages(tmp_path):
+    out_png, out_json = tmp_path / "x.png", tmp_path / "x.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OPTIONAL, "--smoke", "--only", "pairs,core",
+         "--plot", str(out_png), "--json", str(out_json)],
+        check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "matplotlib is not installed" in proc.stderr
+    assert not out_png.exists()
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
+    assert "uvloop is not installed: no 'uvloop' column" in doc["notes"]
+    assert {r["contender"] for r in doc["records"]} >= {"bucketimer", "asyncio", "1-lock heap"}
+    assert "uvloop" not in {r["contender"] for r in doc["records"]}
+
+
+def test_cli_rejects_bad_arguments():
+    proc = subprocess.run([sys.executable, "-m", "bucketimer.bench", "--only", "nope"],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown workload group 'nope'" in proc.stderr
+
+
+def test_run_api_records_and_table():
+    data = bench.run("smoke", groups=["noloop"], contenders=["bucketimer", "sched"],
+                     progress=False, rounds=2, as_frame=False)
+    assert isinstance(data, bench.Records)
+    assert data.meta["suite"]["rounds"] == 2
+    assert {r["contender"] for r in data} == {"bucketimer", "sched"}
+    assert all(r["group"] == "noloop" for r in data)
+    table = bench.format_table(data)
+    assert "sched" in table and "threading.Timer" not in table
+    with pytest.raises(ValueError):
+        bench.run("smoke", groups=["pairs"], contenders=["asyncio"], progress=False)
+    with pytest.raises(ValueError):
+        bench.run("nope")
+
+
+def test_statistics_helpers():
+    assert _suite.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert _suite.quantile([5.0], 0.99) == 5.0
+    assert math.isnan(_suite.quantile([], 0.5))
+    s = _suite.summarize([3, 1, 2])
+    assert (s["min"], s["median"], s["max"], s["mean"]) == (1, 2, 3, 2)
+    # The core's lateness histogram format: bucket i counts [2^(i-1), 2^i) ns.
+    h = _suite.log2_hist([-5, 0, 1, 2, 3, 4, 1023, 1024, 1 << 60])
+    assert h[0] == 2 and h[1] == 1 and h[2] == 2 and h[3] == 1
+    assert h[10] == 1 and h[11] == 1 and h[47] == 1 and sum(h) == 9
+    assert _suite.count_label(1_000_000) == "1M" and _suite.count_label(10_000) == "10k"
+    assert _suite.count_label(1500) == "1500"
+
+
+def test_monitor_samples_stats_while_timers_fire():
+    with bucketimer.TimerThread() as tt, bench.monitor(tt, interval=0.005) as mon:
+        for i in range(200):
+            tt.call_later(0.001 + i * 1e-4, lambda: None)
+        time.sleep(0.08)
+    assert len(mon.samples) >= 3
+    ts = [s["t"] for s in mon.samples]
+    assert ts == sorted(ts)
+    assert mon.samples[0]["scheduled"] == 0
+    assert mon.samples[-1]["scheduled"] == 200
+    assert mon.samples[-1]["fired"] == 200
+    with pytest.raises(ValueError):
+        bench.monitor(None, interval=0)
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+def test_plot_lateness_from_a_timer_thread():
+    with bucketimer.TimerThread() as tt:
+        for i in range(50):
+            tt.call_later(i * 1e-4, lambda: None)
+        deadline = time.monotonic() + 5
+        while tt.stats()["ran"] < 50 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        st = tt.stats()
+        assert sum(bench.hist_of(tt)) == st["ran"] == 50
+        fig = bench.plot_lateness(tt)
+    assert len(fig.axes) == 2
+    assert fig.axes[0].get_xscale() == "log"
+    assert fig.axes[1].get_ylabel()
+    fig2 = bench.plot_lateness({"a": st, "b": st["lateness_hist"]}, cdf=False)
+    assert len(fig2.axes) == 1
+
+
+# ---- the C reference timer and the GIL-free loops (through _cffi) ------------------
+
+
+@pytest.fixture
+def cffi_lib():
+    from bucketimer._cffi import ffi, lib
+
+    return ffi, lib
+
+
+def test_reference_heap_fires_what_was_not_cancelled(cffi_lib):
+    ffi, lib = cffi_lib
+    out = ffi.new("bt_ref_timer **")
+    assert lib.bt_ref_create(out) == 0
+    rt = out[0]
+    try:
+        n = 200
+        ids = ffi.new("uint64_t[]", n)
+        assert lib.bt_ref_bench_fill(rt, 1_000_000, 20_000_000, n, ids) == 0
+        assert lib.bt_ref_pending(rt) == n
+        assert len({ids[i] for i in range(n)}) == n and all(ids[i] for i in range(n))
+        # Cancel every other timer: each cancel wins once, then the id is stale.
+        won = sum(lib.bt_ref_cancel(rt, ids[i]) == lib.BT_CANCELLED for i in range(0, n, 2))
+        assert won == n // 2
+        assert lib.bt_ref_cancel(rt, ids[0]) == lib.BT_UNKNOWN
+        assert lib.bt_ref_cancel(rt, 0) == lib.BT_UNKNOWN
+        deadline = time.monotonic() + 5
+        while lib.bt_ref_fired(rt) < n // 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert lib.bt_ref_fired(rt) == n // 2
+        assert lib.bt_ref_pending(rt) == 0
+        assert lib.bt_ref_cancel(rt, ids[1]) == lib.BT_UNKNOWN  # it ran
+        assert lib.bt_ref_bench_pairs(rt, 30_000_000_000, 1000) > 0
+        assert lib.bt_ref_pending(rt) == 0
+    finally:
+        lib.bt_ref_destroy(rt)
+
+
+def test_bench_loops_on_the_bucketed_core(cffi_lib):
+    ffi, lib = cffi_lib
+    opt = ffi.new("bt_options *")
+    lib.bt_options_init(opt)
+    out = ffi.new("bt_timer_thread **")
+    assert lib.bt_create(opt, out) == 0
+    tt = out[0]
+    try:
+        assert lib.bt_bench_pairs(tt, 30_000_000_000, 5000) > 0
+        gate, start = ffi.new("uint32_t *"), ffi.new("int64_t *")
+        assert lib.bt_bench_pairs_gated(tt, 30_000_000_000, 100, gate, 1, start) > 0
+        assert gate[0] == 1 and start[0] > 0
+        ids = ffi.new("uint64_t[]", 300)
+        assert lib.bt_bench_fill(tt, 60_000_000_000, 120_000_000_000, 300, ids) == 0
+        assert lib.bt_bench_cancel_all(tt, ids, 300) == 300
+        assert lib.bt_bench_cancel_all(tt, ids, 300) == 0
+        st = ffi.new("bt_stats *")
+        lib.bt_get_stats(tt, st)
+        assert st.scheduled == 5000 + 100 + 300
+        assert st.cancelled == 5000 + 100 + 300
+        assert lib.bt_bench_fill(tt, 2, 1, 1, ffi.NULL) < 0  # max < min: -EINVAL
+    finally:
+        lib.bt_stop(tt)
+        lib.bt_destroy(tt)
