@@ -45,6 +45,8 @@ static inline int forked(const bt_timer_thread *tt) {
     return tt->fork_generation != atomic_load_explicit(&fork_generation, memory_order_relaxed);
 }
 
+int bt__forked(const bt_timer_thread *tt) { return forked(tt); }
+
 /* ---- the calling thread's bucket (rule 3) --------------------------------
  * Thread-local, assigned round robin on first use: timers of one thread stay
  * together, and two threads rarely share a lock. */

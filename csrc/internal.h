@@ -200,6 +200,11 @@ int bt__heap_sweep_step(struct bt__heap *h, int (*dead)(struct bt_timer *),
                         size_t budget, size_t *removed);
 void bt__heap_free(struct bt__heap *h);
 
+/* core.c: nonzero for a core inherited through fork(): its thread is gone,
+ * its locks may be held by threads that are gone, and its ports' eventfds
+ * are shared with the parent.  Port operations do nothing then. */
+int bt__forked(const bt_timer_thread *tt);
+
 /* port.c */
 void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
 int bt__port_signal(bt_port *port);  /* returns 1 if it wrote the fd */

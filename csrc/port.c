@@ -79,6 +79,7 @@ int32_t bt_port_fd(bt_port *port) { return port ? port->fd : -1; }
 
 int bt_port_detach(bt_port *port) {
     if (!port) return -EINVAL;
+    if (bt__forked(port->tt)) return -ECHILD;
     pthread_mutex_lock(&port->fd_mutex);
     atomic_store(&port->detached, 1);
     if (port->fd >= 0) close(port->fd);
@@ -122,13 +123,13 @@ int bt__port_signal(bt_port *port) {
 }
 
 void bt_port_signal(bt_port *port) {
-    if (!port) return;
+    if (!port || bt__forked(port->tt)) return;
     atomic_store(&port->signalled, 0);
     bt__port_signal(port);
 }
 
 void bt_port_ack(bt_port *port) {
-    if (!port) return;
+    if (!port || bt__forked(port->tt)) return;
     pthread_mutex_lock(&port->fd_mutex);
     if (port->fd >= 0) {
         char buf[64];
@@ -144,6 +145,7 @@ void bt_port_ack(bt_port *port) {
 }
 
 bt_timer *bt_port_pop(bt_port *port) {
+    if (bt__forked(port->tt)) return NULL; /* the parent's to run */
     if (!port->batch) {
         struct bt_timer *s = atomic_exchange(&port->stack, NULL);
         /* reverse: the stack is newest first */

@@ -230,17 +230,20 @@ static int to_seconds(PyObject *o, const char *what, double *out) {
         v = PyFloat_AsDouble(o);
         if (v == -1.0 && PyErr_Occurred()) {
             if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-                /* an int too large for a double: as good as forever */
-                PyErr_Clear();
-                v = INFINITY;
-                if (PyLong_Check(o)) {
-                    PyObject *zero = PyLong_FromLong(0);
-                    if (!zero) return -1;
-                    int neg = PyObject_RichCompareBool(o, zero, Py_LT);
-                    Py_DECREF(zero);
-                    if (neg < 0) return -1;
-                    if (neg) v = -INFINITY;
+                /* A number beyond the double range (a huge int or
+                 * Fraction): forever if positive, at once if negative.  If
+                 * it cannot even say its sign, the OverflowError stands. */
+                PyObject *exc = PyErr_GetRaisedException();
+                PyObject *zero = PyLong_FromLong(0);
+                int neg = zero ? PyObject_RichCompareBool(o, zero, Py_LT) : -1;
+                Py_XDECREF(zero);
+                if (neg < 0) {
+                    PyErr_Clear();
+                    PyErr_SetRaisedException(exc);
+                    return -1;
                 }
+                Py_DECREF(exc);
+                v = neg ? -INFINITY : INFINITY;
             } else {
                 return -1;
             }
@@ -841,14 +844,14 @@ static PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double
         deadline = when_to_ns(t);
     } else {
         int64_t now = bt_now_ns();
+        when = (double)now / 1e9 + t;
         if (t > 9.2e9) {
             deadline = INT64_MAX;
-            when = INFINITY;
         } else {
             if (t < -9.2e9) t = -9.2e9;
-            deadline = now + (int64_t)ceil(t * 1e9);
-            if (t > 0 && deadline < now) deadline = INT64_MAX;
-            when = (double)now / 1e9 + t;
+            int64_t d = (int64_t)ceil(t * 1e9);
+            /* saturate instead of overflowing int64 (uptime + delay) */
+            deadline = d > 0 && d > INT64_MAX - now ? INT64_MAX : now + d;
         }
     }
 

@@ -1,0 +1,110 @@
+"""Helpers shared by the race, fault, bad-input and memory tests.
+
+Not a conftest: these are plain functions and classes, imported explicitly
+(``from _helpers import ...``; pytest puts ``tests/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+
+#: ``BUCKETIMER_SLOW_TESTS=1`` selects the long profiles of these tests.
+SLOW = os.environ.get("BUCKETIMER_SLOW_TESTS") == "1"
+
+
+def examples(default: int, slow: int) -> settings:
+    """Hypothesis settings: ``default`` examples, or ``slow`` ones when
+    ``BUCKETIMER_SLOW_TESTS=1``.  No deadline: these tests run real threads on
+    a shared machine."""
+    return settings(
+        max_examples=slow if SLOW else default,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        print_blob=True,
+    )
+
+
+def under_sanitizer() -> bool:
+    """True when a sanitizer runtime (ASan, TSan) is loaded into this process
+    (``nox -s sanitize``).  Its allocator quarantines freed memory and reserves
+    terabytes of shadow address space, so RSS and RLIMIT_AS measurements mean
+    nothing there."""
+    try:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            maps = f.read()
+    except OSError:  # pragma: no cover
+        return False
+    return any(lib in maps for lib in ("libasan", "libtsan", "libhwasan"))
+
+
+#: Computed once: sanitizer runtimes are loaded at start-up or not at all.
+SANITIZED = under_sanitizer()
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.001) -> bool:
+    """Polls ``pred`` until it is true or ``timeout`` passes; returns its last value."""
+    end = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() > end:
+            return bool(pred())
+        time.sleep(interval)
+
+
+def open_fds() -> set[int]:
+    """The file descriptors this process has open now."""
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+def fd_count() -> int:
+    # listdir itself opens one fd while it runs; it is the same every time.
+    return len(os.listdir("/proc/self/fd"))
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (VmRSS of /proc/self/status)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def run_python(code: str, timeout: float = 30.0, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``code`` (dedented) in a fresh interpreter (``sys.executable -c``),
+    with a timeout: a hang fails the test instead of hanging it.  Returns the
+    CompletedProcess (text stdout/stderr)."""
+    full_env = dict(os.environ)
+    full_env.setdefault("PYTHONFAULTHANDLER", "1")
+    if env:
+        full_env.update(env)
+    try:
+        return subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=full_env,
+        )
+    except subprocess.TimeoutExpired as e:  # pragma: no cover - the failure path
+        raise AssertionError(
+            f"subprocess hung for {timeout}s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}"
+        ) from None
+
+
+def check_ok(p: subprocess.CompletedProcess) -> str:
+    """Asserts the subprocess exited 0 and returns its stdout."""
+    assert p.returncode == 0, (
+        f"exit status {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    )
+    return p.stdout

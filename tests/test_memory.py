@@ -1,0 +1,249 @@
+"""Bounded memory.
+
+* 1 000 000 schedule+cancel pairs of 60 s timers, nothing firing: RSS grows by
+  at most 32 MB, and the core's garbage (bucket lists, heap, dead entries,
+  slots) stays bounded by the drain threshold, sampled from ``stats()`` during
+  the run: asyncio's heap of cancelled handles is what this is compared with
+  (DESIGN.md section 1: +207 MB of tombstones for 1 M pending).
+* 10 000 000 live timers (slow): bytes per timer, core only (cffi) and through
+  the Python API (Handle objects included).
+* A failed allocation raises MemoryError from ``call_later`` instead of
+  crashing, and the process goes on (a subprocess under ``RLIMIT_AS``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _helpers import SANITIZED, check_ok, rss_bytes, run_python
+
+import bucketimer
+
+pytestmark = pytest.mark.timeout(300)
+
+MB = 1 << 20
+PAIRS = 1_000_000
+SAMPLE_EVERY = 10_000
+SWEEP_MIN = 4096  # the core's default (not settable from Python)
+
+
+def noop() -> None:
+    pass
+
+
+def _bounds(drain_threshold: int, window: int) -> dict:
+    """What DESIGN.md rule 5 promises for one calling thread (one bucket):
+    the bucket list is pruned in place at 2 * max(drain_threshold, live); the
+    heap is swept when dead entries pass half of it and it holds at least
+    sweep_min; so memory is O(live + threshold), never O(pairs)."""
+    list_max = 2 * max(drain_threshold, window) + 1
+    heap_max = 2 * max(SWEEP_MIN, window) + list_max
+    return {
+        "list_size": list_max,
+        "heap_size": heap_max,
+        "dead": list_max + heap_max,
+        # every slot is in a list, the heap, or a free list; blocks of 1024
+        "slots": list_max + heap_max + window + 2 * 1024,
+    }
+
+
+@pytest.mark.parametrize("drain_threshold", [4096, 256])
+@pytest.mark.parametrize("pattern", ["cancel-at-once", "cancel-1000-later"])
+def test_a_million_schedule_cancel_pairs_stay_bounded(pattern, drain_threshold):
+    """``cancel-at-once``: every timer is cancelled right after it is
+    scheduled (the RPC that finished fast).  ``cancel-1000-later``: 1000 live
+    timers at any time, each cancelled 1000 schedules later, so cancelled
+    entries also reach the timer thread's heap (asyncio's tombstones)."""
+    window = 0 if pattern == "cancel-at-once" else 1000
+    tt = bucketimer.TimerThread(drain_threshold=drain_threshold)
+    try:
+        call_later = tt.call_later
+        ring = [call_later(60, noop) for _ in range(window)]
+        for _ in range(2 * SAMPLE_EVERY):  # warm up: pool, free lists, Handle free list
+            call_later(60, noop).cancel()
+        rss0 = rss_bytes()
+        peak = {"list_size": 0, "heap_size": 0, "dead": 0, "slots": 0}
+        i = 0
+        for _ in range(PAIRS // SAMPLE_EVERY):
+            if window:
+                for _ in range(SAMPLE_EVERY):
+                    h = call_later(60, noop)
+                    ring[i].cancel()
+                    ring[i] = h
+                    i = (i + 1) % window
+            else:
+                for _ in range(SAMPLE_EVERY):
+                    call_later(60, noop).cancel()
+            s = tt.stats()
+            for k, v in peak.items():
+                peak[k] = max(v, s[k])
+        growth = rss_bytes() - rss0
+        s = tt.stats()
+        print(f"\n{pattern} threshold={drain_threshold}: RSS +{growth / MB:.1f} MB, peaks {peak}, "
+              f"drains={s['drains']} sweeps={s['sweeps']} reaped={s['reaped']}")
+        if not SANITIZED:  # ASan's quarantine keeps freed memory resident
+            assert growth <= 32 * MB, f"RSS grew by {growth / MB:.1f} MB"
+        bounds = _bounds(drain_threshold, window)
+        for k, limit in bounds.items():
+            assert peak[k] <= limit, f"{k} reached {peak[k]} > {limit}: {peak}"
+        assert s["scheduled"] - s["cancelled"] == window
+        assert s["fired"] == 0 and s["early_fires"] == 0
+        # All the garbage was reclaimed by somebody: bucket prunes, drains or
+        # sweeps; never an O(pairs) pile.
+        assert s["reaped"] >= s["cancelled"] - bounds["dead"]
+    finally:
+        tt.close()
+
+
+TEN_MILLION = r"""
+import gc, json, sys, time
+from bucketimer._cffi import ffi, lib
+import bucketimer
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000_000
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+
+out = {}
+# 1. The core alone (cffi): a slot per timer, plus its heap entry once the
+#    timer thread has collected the bucket lists.
+opt = ffi.new("bt_options *")
+lib.bt_options_init(opt)
+o = ffi.new("bt_timer_thread **")
+assert lib.bt_create(opt, o) == 0
+tt = o[0]
+pp = ffi.new("bt_port **")
+assert lib.bt_port_open(tt, 1, pp) == 0
+port = pp[0]
+id_p = ffi.new("uint64_t *")
+far = lib.bt_now_ns() + 3600 * 10**9
+schedule = lib.bt_schedule_port
+gc.collect()
+r0 = rss()
+t0 = time.perf_counter()
+for i in range(N):
+    schedule(tt, far + i, port, ffi.NULL, id_p)
+dt = time.perf_counter() - t0
+time.sleep(0.5)  # let the thread collect the last lists into its heap
+s = ffi.new("bt_stats *")
+lib.bt_get_stats(tt, s)
+out["core"] = {"bytes_per_timer": (rss() - r0) / N, "heap_size": s.heap_size, "list_size": s.list_size,
+               "slots": s.slots, "ns_per_schedule": dt / N * 1e9}
+lib.bt_stop(tt)
+lib.bt_destroy(tt)
+
+# 2. The Python API: a Handle (and its context) per timer, kept in a list.
+gc.collect()
+r0 = rss()
+btt = bucketimer.TimerThread()
+def noop():
+    pass
+call_later = btt.call_later
+t0 = time.perf_counter()
+handles = [call_later(3600, noop) for _ in range(N)]
+dt = time.perf_counter() - t0
+time.sleep(0.5)
+st = btt.stats()
+out["python"] = {"bytes_per_timer": (rss() - r0) / N, "heap_size": st["heap_size"],
+                 "list_size": st["list_size"], "slots": st["slots"], "ns_per_call_later": dt / N * 1e9,
+                 "handle_getsizeof": sys.getsizeof(handles[0])}
+t0 = time.perf_counter()
+for h in handles:
+    h.cancel()
+out["python"]["ns_per_cancel"] = (time.perf_counter() - t0) / N * 1e9
+btt.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SANITIZED, reason="RSS means nothing under a sanitizer's allocator")
+def test_ten_million_live_timers_bytes_per_timer():
+    p = run_python(TEN_MILLION, timeout=900)
+    out = json.loads(check_ok(p).strip().splitlines()[-1])
+    core, py = out["core"], out["python"]
+    print(f"\n10M live timers: core {core['bytes_per_timer']:.1f} B/timer "
+          f"({core['ns_per_schedule']:.0f} ns per cffi schedule), "
+          f"Python API {py['bytes_per_timer']:.1f} B/timer incl. Handle "
+          f"({py['ns_per_call_later']:.0f} ns per call_later, {py['ns_per_cancel']:.0f} ns per cancel)\n"
+          f"{json.dumps(out, indent=1)}")
+    # A 64-byte slot plus a 24-byte heap entry (capacity doubles: up to 48).
+    assert core["bytes_per_timer"] <= 128, core
+    assert core["heap_size"] + core["list_size"] == 10_000_000, core
+    assert py["bytes_per_timer"] <= 512, py
+
+
+OOM = r"""
+import contextvars, errno, json, os, resource, sys, threading, time
+import bucketimer
+
+def vmsize():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+
+# No bucket drains (so the timer thread allocates nothing): the one
+# allocation growing with the timers is the core's slot pool (64 KiB blocks).
+tt = bucketimer.TimerThread(drain_threshold=1 << 30)
+ctx = contextvars.copy_context()  # context= given: no Context copy per call
+def noop():
+    pass
+ev = threading.Event()
+tt.call_later(0, ev.set)  # the dispatcher thread exists before the limit
+assert ev.wait(5)
+N = 1_000_000
+handles = [None] * N
+# Holes the size of a Handle, which can take Handles but no 64 KiB block:
+# under the limit, the Python side keeps allocating, the pool cannot grow.
+ballast = [bytes(70) for _ in range(2 * N)]
+del ballast[::2]
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (vmsize() + (1 << 20), hard))
+n = 0
+err = None
+try:
+    while n < N:
+        handles[n] = tt.call_later(1e9, noop, context=ctx)
+        n += 1
+except MemoryError as e:
+    err = e
+# A TimerThread cannot be made under the limit either: it says so.
+try:
+    bucketimer.TimerThread()
+    create = "ok"
+except MemoryError:
+    create = "MemoryError"
+except OSError as e:
+    create = "OSError " + errno.errorcode.get(e.errno, "?")
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+s = tt.stats()
+report = {"error": repr(err), "live": n, "slots": s["slots"], "slots_free": s["slots_free"], "create": create}
+# The process and the TimerThread go on: more timers, and they fire.
+more = [tt.call_later(1e9, noop, context=ctx) for _ in range(5000)]
+ev2 = threading.Event()
+tt.call_later(0.001, ev2.set)
+assert ev2.wait(5), "a timer scheduled after the MemoryError did not fire"
+assert all(h.cancel() for h in handles[:n] + more)
+report["after"] = tt.stats()["slots"]
+tt.close()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.skipif(SANITIZED, reason="ASan reserves its heap up front: RLIMIT_AS cannot make it fail")
+def test_failed_allocation_raises_memoryerror_and_the_process_survives():
+    p = run_python(OOM, timeout=120)
+    r = json.loads(check_ok(p).strip().splitlines()[-1])
+    print("\n", r)
+    assert r["error"] == "MemoryError()", r
+    # It was the slot pool that could not grow: every slot in use.
+    assert r["slots_free"] == 0 and r["slots"] == r["live"], r
+    assert 0 < r["live"] < 1_000_000
+    assert r["create"] in ("MemoryError", "OSError EAGAIN", "OSError ENOMEM"), r
+    assert r["after"] > r["slots"]
