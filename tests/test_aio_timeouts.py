@@ -347,7 +347,7 @@ def test_enter_outside_task(t, run):
             coro = body(t.timeout_at(loop.time() + 10))
             try:
                 coro.send(None)
-            except BaseException as e:  # noqa: BLE001 - what we look at
+            except BaseException as e:
                 fut.set_result(e)
             else:  # pragma: no cover
                 fut.set_result(None)
@@ -552,7 +552,7 @@ def test_exception_group_chain_gets_timeout_error(t, run):
                         try:
                             raise KeyError("member")
                         except KeyError as member:
-                            raise ExceptionGroup("group", [member])
+                            raise ExceptionGroup("group", [member])  # noqa: B904 - the implicit chain is the subject
             eg = ei.value
             return _chain(eg), _chain(eg.exceptions[0])
 

@@ -612,7 +612,7 @@ def _close_race_round(target, loop_thread_factory, seed):
                 if raised >= 50:
                     break
                 continue
-            except BaseException as e:  # noqa: BLE001 - anything else is a bug
+            except BaseException as e:
                 bad = repr(e)
                 break
             if raised:
@@ -635,7 +635,7 @@ def _close_race_round(target, loop_thread_factory, seed):
         t.join(30)
         assert not t.is_alive()
     time.sleep(0.05)
-    for handles, raised, bad in results:
+    for _handles, raised, bad in results:
         assert bad is None, bad
         assert raised >= 50, "a worker never saw RuntimeError after close()"
     if target == "dispatcher":

@@ -165,7 +165,7 @@ class CoreVsReference(RuleBasedStateMachine):
                 rc = core.cancel(core_id)
                 if rc != TOO_LATE:
                     self.errors.append(f"native timer cancelled itself: {rc}")
-            except BaseException as e:  # noqa: BLE001 - reported by an invariant
+            except BaseException as e:
                 self.errors.append(repr(e))
 
         self._native_cb = native

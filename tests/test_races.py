@@ -230,7 +230,7 @@ class Consumer(threading.Thread):
                             self.rec.repeats.append((cid, lib_.bt_cancel(tt, cid)))
                 if lag:
                     time.sleep(lag)
-        except BaseException as e:  # noqa: BLE001  # pragma: no cover - reported by the test
+        except BaseException as e:  # pragma: no cover - reported by the test
             self.rec.errors.append(("consumer", repr(e)))
 
 
@@ -272,7 +272,7 @@ def worker(core: RealCore, mix: Mix, index: int, barrier: threading.Barrier, poo
                     rec.repeats.append((old, cancel(tt, old)))
         for old in backlog:
             rec.cancels.append((old, cancel(tt, old)))
-    except BaseException as e:  # noqa: BLE001  # pragma: no cover - reported by the test
+    except BaseException as e:  # pragma: no cover - reported by the test
         rec.errors.append(("worker", repr(e)))
 
 
@@ -467,7 +467,7 @@ def run_py_mix(mix: PyMix) -> None:
                             wins[k] += 1
                     if rng.random() < mix.twice_ratio and h.cancel():
                         repeat_wins.append(k)
-        except BaseException as e:  # noqa: BLE001  # pragma: no cover
+        except BaseException as e:  # pragma: no cover
             errors.append(repr(e))
 
     barrier = threading.Barrier(mix.threads)

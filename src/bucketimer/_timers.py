@@ -19,7 +19,8 @@ import select
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import _core
 
@@ -195,7 +196,7 @@ class TimerThread(_core.TimerThread):
         if self._orphan_port is not None:
             self._orphan_port.drain()
 
-    def __enter__(self) -> "TimerThread":
+    def __enter__(self) -> TimerThread:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -242,7 +243,7 @@ def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int) -> None:
 
 # -- the process-wide default ----------------------------------------------------
 
-_live: "weakref.WeakSet[TimerThread]" = weakref.WeakSet()
+_live: weakref.WeakSet[TimerThread] = weakref.WeakSet()
 _default: TimerThread | None = None
 _default_lock = threading.Lock()
 

@@ -135,7 +135,7 @@ def _run_outside_loop(fn: Any) -> Any:
     def target() -> None:
         try:
             box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as e:
             box["error"] = e
 
     t = threading.Thread(target=target, name="bucketimer-bench")

@@ -522,7 +522,7 @@ class Runner:
         pend: dict[str, list[float]] = {BUCKETIMER: [], **({SCHED: []} if want_sched else {})}
         late: dict[str, list[list[int]]] = {k: [] for k in pairs}
         with bucketimer.TimerThread() as tt:
-            for r in range(s.rounds):
+            for _ in range(s.rounds):
                 # Rounds interleave the contenders, so drift hits all alike.
                 pairs[BUCKETIMER].append(_sync_pairs(tt.call_later, s.noloop_pairs))
                 if want_sched:
@@ -541,7 +541,7 @@ class Runner:
                 for _ in range(s.noloop_pending if want_sched else 0):
                     sc.enter(PENDING_MIN + span * rng.random(), 1, _noop)
                 n_sched = max(10, s.noloop_pairs // 50)  # sched's cancel is O(n)
-                for r in range(s.rounds):
+                for _ in range(s.rounds):
                     pend[BUCKETIMER].append(_sync_pairs(tt2.call_later, s.noloop_pairs))
                     if want_sched:
                         pend[SCHED].append(_sched_pairs(sc, n_sched))
@@ -590,7 +590,7 @@ class Runner:
         try:
             cores = {name: _NativeCore(ffi, lib, name) for name in impls}
             try:
-                for name, core in cores.items():  # warm-up: slots allocated, caches hot
+                for core in cores.values():  # warm-up: slots allocated, caches hot
                     pool.run(max(s.core_threads), core, delay, min(s.core_pairs, 100_000))
                 rates: dict[tuple[str, int], list[float]] = {}
                 for r in range(s.rounds):
@@ -623,11 +623,11 @@ class Runner:
             rates_p: dict[str, list[float]] = {}
             fresh = {name: _NativeCore(ffi, lib, name) for name in impls}
             try:
-                for name, core in fresh.items():
+                for core in fresh.values():
                     core.fill(pl, PENDING_MIN, PENDING_MAX)
                     pool.run(1, core, delay, min(s.core_pairs, 100_000))
                 n = max(1, s.core_pairs // 2)
-                for r in range(s.rounds):
+                for _ in range(s.rounds):
                     for name in impls:
                         core = fresh[name]
                         wall = pool.run(1, core, delay, n)
@@ -894,7 +894,7 @@ class _WorkerPool:
             try:
                 rv = fn(*args)  # cffi releases the GIL for the call
                 self.results.put((index, rv, None))
-            except BaseException as e:  # noqa: BLE001 - reported to run(), never hangs it
+            except BaseException as e:
                 self.results.put((index, 0, e))
 
     def run(self, n: int, core: _NativeCore, delay_ns: int, pairs: int) -> int:
