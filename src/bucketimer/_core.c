@@ -846,7 +846,8 @@ static PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double
         int64_t now = bt_now_ns();
         when = (double)now / 1e9 + t;
         if (t > 9.2e9) {
-            deadline = INT64_MAX;
+            deadline = INT64_MAX; /* never: and when() says so */
+            when = INFINITY;
         } else {
             if (t < -9.2e9) t = -9.2e9;
             int64_t d = (int64_t)ceil(t * 1e9);
