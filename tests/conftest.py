@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from _helpers import wait_until
 from hypothesis import HealthCheck, settings
 
 import bucketimer
@@ -137,17 +137,6 @@ def loop_thread() -> Iterator[LoopThread]:
         yield lt
     finally:
         lt.close()
-
-
-def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float = 0.001) -> bool:
-    """Polls ``pred`` until it is true or ``timeout`` passes; returns its last value."""
-    end = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() > end:
-            return bool(pred())
-        time.sleep(interval)
 
 
 @pytest.fixture(name="wait_until")

@@ -15,16 +15,7 @@
 
 #include "bucketimer.h"
 
-static int failures;
-static int checks_failed_in_test;
-
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            checks_failed_in_test++;                                             \
-        }                                                                        \
-    } while (0)
+#include "check.h"
 
 #define MS 1000000LL
 
