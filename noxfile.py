@@ -62,6 +62,10 @@ def sanitize(session: nox.Session) -> None:
     """Python tests against an ASan+UBSan build of the extensions (slow tests skipped)."""
     try:
         libasan = _gcc_runtime("libasan.so")
+        # Preloaded too, so that ASan finds the real __cxa_throw at start-up:
+        # otherwise the first C++ exception in an extension (matplotlib's
+        # ft2font) aborts in ASan's interceptor.
+        libstdcxx = _gcc_runtime("libstdc++.so")
     except RuntimeError as e:
         session.error(str(e))
     session.install(
@@ -86,7 +90,7 @@ def sanitize(session: nox.Session) -> None:
             # The ASan runtime must be the first library loaded into the
             # (uninstrumented) interpreter; libubsan is loaded as a dependency
             # of the extension modules.
-            "LD_PRELOAD": libasan,
+            "LD_PRELOAD": f"{libasan} {libstdcxx}",
             # CPython itself "leaks" by design at exit.
             "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
             "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
