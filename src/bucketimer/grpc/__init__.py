@@ -160,6 +160,21 @@ def _timer_thread(tt: bucketimer.TimerThread | None) -> bucketimer.TimerThread:
     return tt if tt is not None else bucketimer.default_timer_thread()
 
 
+def _budget(context: Any, max_time: float | None) -> tuple[float, str, float] | None:
+    """A call's budget: (deadline, "client" or "max_time", now), the
+    smaller of the client's deadline and ``max_time`` from now; None when
+    there is neither."""
+    now = _monotonic()
+    rem = context.time_remaining()
+    if rem is None or rem >= _NO_DEADLINE:
+        if max_time is None:
+            return None
+        return now + max_time, "max_time", now
+    if max_time is not None and max_time < rem:
+        return now + max_time, "max_time", now
+    return now + (rem if rem > 0.0 else 0.0), "client", now
+
+
 def _safe_hook(hook: Callable[[Any], object], arg: Any, what: str) -> None:
     try:
         hook(arg)
@@ -699,7 +714,33 @@ class _ShieldedRequests:
 # -- client interceptors ----------------------------------------------------------------
 
 
+class _TimeoutRules:
+    """What the sync and aio DefaultTimeoutInterceptor share: the settings
+    and the timeout a call gets."""
+
+    def __init__(self, timeout: float | None, *, propagate: bool = True, margin: float = 0.0) -> None:
+        self._timeout = _check_seconds("timeout", timeout, allow_none=True)
+        self._margin = _check_seconds("margin", margin, allow_none=False, allow_zero=True)
+        self._propagate = bool(propagate)
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    def _details(self, details: Any) -> Any:
+        explicit = details.timeout
+        t = self._timeout if explicit is None else explicit
+        if self._propagate:
+            t = _propagated_timeout(t, self._margin)
+        return details if t is explicit else _with_timeout(details, t)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(timeout={self._timeout!r}, "
+                f"propagate={self._propagate!r}, margin={self._margin!r})")
+
+
 class DefaultTimeoutInterceptor(
+    _TimeoutRules,
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
     grpc.StreamUnaryClientInterceptor,
@@ -719,22 +760,6 @@ class DefaultTimeoutInterceptor(
     Use with ``grpc.intercept_channel(channel, DefaultTimeoutInterceptor(5.0))``.
     """
 
-    def __init__(self, timeout: float | None, *, propagate: bool = True, margin: float = 0.0) -> None:
-        self._timeout = _check_seconds("timeout", timeout, allow_none=True)
-        self._margin = _check_seconds("margin", margin, allow_none=False, allow_zero=True)
-        self._propagate = bool(propagate)
-
-    @property
-    def timeout(self) -> float | None:
-        return self._timeout
-
-    def _details(self, details: Any) -> Any:
-        explicit = details.timeout
-        t = self._timeout if explicit is None else explicit
-        if self._propagate:
-            t = _propagated_timeout(t, self._margin)
-        return details if t is explicit else _with_timeout(details, t)
-
     def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return continuation(self._details(client_call_details), request)
 
@@ -746,10 +771,6 @@ class DefaultTimeoutInterceptor(
 
     def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
         return continuation(self._details(client_call_details), request_iterator)
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(timeout={self._timeout!r}, "
-                f"propagate={self._propagate!r}, margin={self._margin!r})")
 
 
 class DeadlinePropagationInterceptor(DefaultTimeoutInterceptor):
@@ -812,22 +833,12 @@ class ServerDeadlineInterceptor(grpc.ServerInterceptor):
 
     def _begin(self, method: str, context: Any) -> _DeadlineContext | None:
         """The call's budget, and its timer armed; None without a budget."""
-        now = _monotonic()
-        rem = context.time_remaining()
-        mx = self._max_time
-        if rem is None or rem >= _NO_DEADLINE:
-            if mx is None:
-                return None
-            deadline, source = now + mx, "max_time"
-        elif mx is not None and mx < rem:
-            deadline, source = now + mx, "max_time"
-        else:
-            deadline, source = now + (rem if rem > 0.0 else 0.0), "client"
+        budget = _budget(context, self._max_time)
+        if budget is None:
+            return None
+        deadline, source, now = budget
         call = self._context_class(context, self, method, deadline, source, now)
-        tt = self._tt
-        if tt is None:
-            tt = bucketimer.default_timer_thread()
-        call._handle = tt.call_at(deadline, call._fire)
+        call._handle = _timer_thread(self._tt).call_at(deadline, call._fire)
         return call
 
     def _end_expired(self, call: _DeadlineContext) -> None:
@@ -1028,7 +1039,33 @@ def _server_code(context: Any, exc: BaseException | None) -> grpc.StatusCode | N
     return grpc.StatusCode.UNKNOWN
 
 
+class _SlowCallSettings:
+    """What the sync and aio SlowCallInterceptor share: their settings.
+    ``_wrap_handler(handler, method)`` wraps a server handler."""
+
+    def __init__(self, threshold: float, *,
+                 on_slow: Callable[[SlowCall], object] | None = None,
+                 level: int = logging.WARNING, stack: bool = True,
+                 stack_limit: int | None = 30,
+                 timer_thread: bucketimer.TimerThread | None = None) -> None:
+        self._threshold = _check_seconds("threshold", threshold, allow_none=False, allow_zero=True)
+        if on_slow is not None and not callable(on_slow):
+            raise TypeError("on_slow must be callable")
+        self._on_slow = on_slow
+        self._level = int(level)
+        self._stack = bool(stack)
+        self._stack_limit = stack_limit
+        self._tt = timer_thread
+        self._cache = _WrapCache(self._wrap_handler)
+
+    @property
+    def threshold(self) -> float:
+        assert self._threshold is not None
+        return self._threshold
+
+
 class SlowCallInterceptor(
+    _SlowCallSettings,
     grpc.ServerInterceptor,
     grpc.UnaryUnaryClientInterceptor,
     grpc.UnaryStreamClientInterceptor,
@@ -1055,26 +1092,6 @@ class SlowCallInterceptor(
     its iterator is exhausted); on the client, until the call completes.
     """
 
-    def __init__(self, threshold: float, *,
-                 on_slow: Callable[[SlowCall], object] | None = None,
-                 level: int = logging.WARNING, stack: bool = True,
-                 stack_limit: int | None = 30,
-                 timer_thread: bucketimer.TimerThread | None = None) -> None:
-        self._threshold = _check_seconds("threshold", threshold, allow_none=False, allow_zero=True)
-        if on_slow is not None and not callable(on_slow):
-            raise TypeError("on_slow must be callable")
-        self._on_slow = on_slow
-        self._level = int(level)
-        self._stack = bool(stack)
-        self._stack_limit = stack_limit
-        self._tt = timer_thread
-        self._cache = _WrapCache(self._wrap)
-
-    @property
-    def threshold(self) -> float:
-        assert self._threshold is not None
-        return self._threshold
-
     # -- server ------------------------------------------------------------------
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
@@ -1083,7 +1100,7 @@ class SlowCallInterceptor(
             return None
         return self._cache.get(handler, handler_call_details.method)
 
-    def _wrap(self, handler: Any, method: str) -> Any:
+    def _wrap_handler(self, handler: Any, method: str) -> Any:
         return _wrap_handler(handler, lambda b, req_streaming, streaming: (
             self._wrap_stream(b, method, req_streaming) if streaming
             else self._wrap_unary(b, method, req_streaming)))

@@ -35,27 +35,26 @@ import asyncio
 import inspect
 import io
 import linecache
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import bucketimer
 
 from . import (
-    _NO_DEADLINE,
     DEFAULT_DETAILS,
     DeadlineEvent,
     SlowCall,
+    _budget,
     _check_seconds,
     _deadline_var,
     _log_deadline,
     _log_slow,
     _method_name,
     _monotonic,
-    _propagated_timeout,
     _safe_hook,
+    _SlowCallSettings,
+    _TimeoutRules,
     _timer_thread,
-    _with_timeout,
     _wrap_handler,
     _WrapCache,
     current_deadline,
@@ -97,6 +96,7 @@ def _behavior_shape(behavior: Callable[..., Any]) -> str | None:
 
 
 class DefaultTimeoutInterceptor(
+    _TimeoutRules,
     grpc.aio.UnaryUnaryClientInterceptor,
     grpc.aio.UnaryStreamClientInterceptor,
     grpc.aio.StreamUnaryClientInterceptor,
@@ -111,22 +111,6 @@ class DefaultTimeoutInterceptor(
     gets at most the remaining budget minus ``margin``.
     """
 
-    def __init__(self, timeout: float | None, *, propagate: bool = True, margin: float = 0.0) -> None:
-        self._timeout = _check_seconds("timeout", timeout, allow_none=True)
-        self._margin = _check_seconds("margin", margin, allow_none=False, allow_zero=True)
-        self._propagate = bool(propagate)
-
-    @property
-    def timeout(self) -> float | None:
-        return self._timeout
-
-    def _details(self, details: Any) -> Any:
-        explicit = details.timeout
-        t = self._timeout if explicit is None else explicit
-        if self._propagate:
-            t = _propagated_timeout(t, self._margin)
-        return details if t is explicit else _with_timeout(details, t)
-
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
         return await continuation(self._details(client_call_details), request)
 
@@ -140,10 +124,6 @@ class DefaultTimeoutInterceptor(
     async def intercept_stream_stream(self, continuation: Any, client_call_details: Any,
                                       request_iterator: Any) -> Any:
         return await continuation(self._details(client_call_details), request_iterator)
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(timeout={self._timeout!r}, "
-                f"propagate={self._propagate!r}, margin={self._margin!r})")
 
 
 class DeadlinePropagationInterceptor(DefaultTimeoutInterceptor):
@@ -399,23 +379,13 @@ class ServerDeadlineInterceptor(grpc.aio.ServerInterceptor):
         self._cache = _WrapCache(self._wrap_handler)
 
     def _begin(self, method: str, context: Any) -> _AioDeadlineContext | None:
-        now = _monotonic()
-        rem = context.time_remaining()
-        mx = self._max_time
-        if rem is None or rem >= _NO_DEADLINE:
-            if mx is None:
-                return None
-            deadline, source = now + mx, "max_time"
-        elif mx is not None and mx < rem:
-            deadline, source = now + mx, "max_time"
-        else:
-            deadline, source = now + (rem if rem > 0.0 else 0.0), "client"
+        budget = _budget(context, self._max_time)
+        if budget is None:
+            return None
+        deadline, source, now = budget
         call = _AioDeadlineContext(context, self, method, deadline, source, now,
                                    asyncio.current_task())
-        tt = self._tt
-        if tt is None:
-            tt = bucketimer.default_timer_thread()
-        call._handle = tt.call_at(deadline, call._fire)
+        call._handle = _timer_thread(self._tt).call_at(deadline, call._fire)
         return call
 
     async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
@@ -593,6 +563,7 @@ def _server_code(context: Any, exc: BaseException | None) -> grpc.StatusCode | N
 
 
 class SlowCallInterceptor(
+    _SlowCallSettings,
     grpc.aio.ServerInterceptor,
     grpc.aio.UnaryUnaryClientInterceptor,
     grpc.aio.UnaryStreamClientInterceptor,
@@ -605,26 +576,6 @@ class SlowCallInterceptor(
     reported at the threshold is the handler task's (where it is awaiting).
     ``on_slow(SlowCall)`` is called in the loop.
     """
-
-    def __init__(self, threshold: float, *,
-                 on_slow: Callable[[SlowCall], object] | None = None,
-                 level: int = logging.WARNING, stack: bool = True,
-                 stack_limit: int | None = 30,
-                 timer_thread: bucketimer.TimerThread | None = None) -> None:
-        self._threshold = _check_seconds("threshold", threshold, allow_none=False, allow_zero=True)
-        if on_slow is not None and not callable(on_slow):
-            raise TypeError("on_slow must be callable")
-        self._on_slow = on_slow
-        self._level = int(level)
-        self._stack = bool(stack)
-        self._stack_limit = stack_limit
-        self._tt = timer_thread
-        self._cache = _WrapCache(self._wrap_handler)
-
-    @property
-    def threshold(self) -> float:
-        assert self._threshold is not None
-        return self._threshold
 
     # -- server ------------------------------------------------------------------
 
