@@ -775,28 +775,34 @@ static PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double
                                    PyObject *context, int flags);
 static PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
 
-/* call_later(delay, callback, *args, loop=None, context=None) and call_at. */
-static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames, int absolute) {
+/* The argument shape every call_later/call_at shares: (time, callback,
+ * *args) and the keywords context= and, where `loop` is not NULL, loop=. */
+static int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                               int absolute, PyObject **loop, PyObject **context) {
     const char *name = absolute ? "call_at" : "call_later";
     if (nargs < 2) {
         PyErr_Format(PyExc_TypeError, "%s() takes a %s and a callback", name,
                      absolute ? "deadline" : "delay");
-        return NULL;
+        return -1;
     }
-    PyObject *loop = NULL, *context = NULL;
-    if (kwnames) {
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t i = 0; i < nk; i++) {
-            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
-            if (PyUnicode_CompareWithASCIIString(k, "loop") == 0) loop = args[nargs + i];
-            else if (PyUnicode_CompareWithASCIIString(k, "context") == 0) context = args[nargs + i];
-            else {
-                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, k);
-                return NULL;
-            }
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (loop && PyUnicode_CompareWithASCIIString(k, "loop") == 0) *loop = args[nargs + i];
+        else if (PyUnicode_CompareWithASCIIString(k, "context") == 0) *context = args[nargs + i];
+        else {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, k);
+            return -1;
         }
     }
+    return 0;
+}
+
+/* call_later(delay, callback, *args, loop=None, context=None) and call_at. */
+static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames, int absolute) {
+    PyObject *loop = NULL, *context = NULL;
+    if (parse_schedule_args(args, nargs, kwnames, absolute, &loop, &context) < 0) return NULL;
     if (check_open(self) < 0) return NULL;
     double t;
     if (to_seconds(args[0], absolute ? "when" : "delay", &t) < 0) return NULL;
@@ -1001,24 +1007,9 @@ typedef struct {
 static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *args, size_t nargsf,
                                       PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    const char *name = self->absolute ? "call_at" : "call_later";
-    if (nargs < 2) {
-        PyErr_Format(PyExc_TypeError, "%s() takes a %s and a callback", name,
-                     self->absolute ? "deadline" : "delay");
-        return NULL;
-    }
     PyObject *context = NULL;
-    if (kwnames) {
-        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
-        for (Py_ssize_t i = 0; i < nk; i++) {
-            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
-            if (PyUnicode_CompareWithASCIIString(k, "context") == 0) context = args[nargs + i];
-            else {
-                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, k);
-                return NULL;
-            }
-        }
-    }
+    if (parse_schedule_args(args, nargs, kwnames, self->absolute, NULL, &context) < 0)
+        return NULL;
     if (check_open(self->tt) < 0) return NULL;
     double t;
     if (to_seconds(args[0], self->absolute ? "when" : "delay", &t) < 0) return NULL;
