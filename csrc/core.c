@@ -99,6 +99,12 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
         return -ENOMEM;
     }
     memset(tt->buckets, 0, sizeof(struct bt__bucket) * tt->nbuckets);
+    tt->chains = calloc(tt->nbuckets, sizeof(struct reap_chain));
+    if (!tt->chains) {
+        free(tt->buckets);
+        free(tt);
+        return -ENOMEM;
+    }
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         pthread_mutex_init(&tt->buckets[b].mutex, NULL);
         tt->buckets[b].nearest = BT_NEVER;
@@ -291,10 +297,6 @@ int bt_cancel(bt_timer_thread *tt, uint64_t id) {
  * Everything below runs on the timer thread, or in manual-clock mode under
  * advance_mutex: the heap and the reap chains have exactly one owner. */
 
-struct reap_chain {
-    struct bt_timer *head, *tail;
-    uint32_t n;
-};
 
 static inline int is_cancelled(struct bt_timer *t) {
     return BT_WORD_STATE(atomic_load_explicit(&t->word, memory_order_acquire)) == BT_S_CANCELLED;
@@ -451,6 +453,16 @@ static void maybe_sweep(bt_timer_thread *tt, struct reap_chain *chains) {
     sweep_some(tt, chains, SIZE_MAX);
 }
 
+/* Takes every bucket list into the heap and gives the cancelled slots
+ * back; then sweeps the heap at once (sweep_now: manual-clock mode, exact)
+ * or starts a sliced sweep the thread runs between passes. */
+static void collect_lists(bt_timer_thread *tt, int sweep_now) {
+    collect(tt, tt->chains);
+    flush_reaped(tt, tt->chains);
+    if (sweep_now) maybe_sweep(tt, tt->chains);
+    else maybe_start_sweep(tt);
+}
+
 /* Adds a fired timer to its port's batch for this pass. */
 static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
     bt_port *p = BT_LOAD(t->port);
@@ -550,13 +562,8 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
 
 static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
                          int *more) {
-    struct reap_chain chains[BT_MAX_BUCKETS];
-    memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
-    if (do_collect) {
-        collect(tt, chains);
-        flush_reaped(tt, chains);
-        maybe_sweep(tt, chains);
-    }
+    struct reap_chain *chains = tt->chains;
+    if (do_collect) collect_lists(tt, 1);
     uint64_t fired = fire_due(tt, now, chains, dead_budget, more);
     flush_reaped(tt, chains);
     bt__bump(&tt->passes, 1);
@@ -578,11 +585,7 @@ static void request_collect(bt_timer_thread *tt) {
      * bt_advance is running (perhaps this very thread, in a native callback)
      * it will collect anyway: never wait for it. */
     if (pthread_mutex_trylock(&tt->advance_mutex) != 0) return;
-    struct reap_chain chains[BT_MAX_BUCKETS];
-    memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
-    collect(tt, chains);
-    flush_reaped(tt, chains);
-    maybe_sweep(tt, chains);
+    collect_lists(tt, 1);
     bt__bump(&tt->drains, 1);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
     pthread_mutex_unlock(&tt->advance_mutex);
@@ -618,19 +621,13 @@ static void *timer_thread_main(void *arg) {
 
         /* Re-read the clock after collecting: never fire on a stale now. */
         if (do_collect) {
-            struct reap_chain chains[BT_MAX_BUCKETS];
-            memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
-            collect(tt, chains);
-            flush_reaped(tt, chains);
-            maybe_start_sweep(tt);
+            collect_lists(tt, 0);
         }
         int more_dead = 0;
         one_pass(tt, bt_now_ns(), 0, DEAD_POP_SLICE, &more_dead);
         int sweeping = 0;
         if (tt->sweep_cursor != SIZE_MAX) {
-            struct reap_chain chains[BT_MAX_BUCKETS];
-            memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
-            sweep_some(tt, chains, SWEEP_SLICE);
+            sweep_some(tt, tt->chains, SWEEP_SLICE);
             sweeping = tt->sweep_cursor != SIZE_MAX;
             atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
         }
@@ -675,8 +672,7 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     if (tt->opt.manual_clock) {
         /* Exact: collect, drop dead tops, read the top. */
         pthread_mutex_lock(&tt->advance_mutex);
-        struct reap_chain chains[BT_MAX_BUCKETS];
-        memset(chains, 0, sizeof(chains[0]) * tt->nbuckets);
+        struct reap_chain *chains = tt->chains;
         collect(tt, chains);
         const struct bt__heap_entry *top;
         while ((top = bt__heap_top(&tt->heap)) && is_cancelled(top->timer))
@@ -770,6 +766,7 @@ void bt_destroy(bt_timer_thread *tt) {
     pthread_mutex_destroy(&tt->wake_mutex);
     pthread_mutex_destroy(&tt->advance_mutex);
     pthread_mutex_destroy(&tt->ports_mutex);
+    free(tt->chains);
     free(tt->buckets);
     free(tt);
 }

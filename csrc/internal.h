@@ -120,6 +120,12 @@ struct bt_port {
     struct bt_port *all_next;  /* list of every port, for bt_destroy */
 };
 
+/* Finished slots of one bucket, given back in one lock at the end of a pass. */
+struct reap_chain {
+    struct bt_timer *head, *tail;
+    uint32_t n;
+};
+
 struct bt_timer_thread {
     bt_options opt;
     struct bt__bucket *buckets;
@@ -148,6 +154,7 @@ struct bt_timer_thread {
     /* owned by the timer thread (or the advancing thread); counters have a
      * single writer and are relaxed atomics so bt_get_stats may read them */
     struct bt__heap heap;
+    struct reap_chain *chains; /* per bucket: slots to give back at pass end */
     size_t sweep_cursor;     /* SIZE_MAX: no sweep in progress */
     uint64_t sweep_dead_base; /* dead entries a finished sweep could not find */
     struct bt_port *pass_ports;
