@@ -946,3 +946,54 @@ def test_timer_thread_replaced_after_close():
     assert second is not first
     assert fired >= 1
     assert second.stats()["fired"] == 1
+
+
+def test_enter_value_when_stop_iteration_is_kept(t, run):
+    """Whoever keeps the StopIteration that delivered __aenter__'s value
+    keeps it unchanged, and later `async with ... as cm` still bind their
+    own Timeout (bucketimer reuses that exception while nobody holds it)."""
+
+    async def main():
+        first = t.timeout(30)
+        it = first.__aenter__().__await__()
+        with pytest.raises(StopIteration) as kept:
+            it.send(None)
+        assert kept.value.value is first
+        others = []
+        for _ in range(3):
+            async with t.timeout(30) as cm:
+                others.append(cm)
+        await first.__aexit__(None, None, None)
+        return kept.value.value is first, [type(c) for c in others], len({id(c) for c in others})
+
+    held, types_, distinct = run(main())
+    assert held
+    assert types_ == [t.Timeout] * 3
+    assert distinct == 3
+
+
+def test_timeout_not_kept_alive_after_exit(t, run):
+    import weakref
+
+    async def main():
+        async with t.timeout(30) as cm:
+            pass
+        ref = weakref.ref(cm)
+        del cm
+        return ref() is None
+
+    assert run(main())
+
+
+def test_no_running_loop_after_a_loop_ran(t, run):
+    """Once a loop has run and stopped in this thread, there is again no
+    running loop (3.13: bucketimer reads the loop from the thread state)."""
+
+    async def main():
+        async with t.timeout(30):
+            pass
+        return asyncio.get_running_loop()
+
+    run(main())
+    with pytest.raises(RuntimeError):
+        t.timeout(1)

@@ -65,6 +65,8 @@ typedef struct {
     PyTypeObject *Timeout_Type;
     PyTypeObject *Ready_Type;
     PyObject *ready_none;        /* an awaitable that returns None at once */
+    PyObject *ready_spare;       /* a free Ready object (owned, not initialised), or NULL */
+    PyObject *stop_iteration;    /* the StopIteration raise_stop_iteration reuses */
     PyObject *current_tasks;     /* asyncio's loop -> current task dict, or NULL */
     PyObject *current_task;      /* asyncio.current_task */
     PyObject *CancelledError;
@@ -76,10 +78,13 @@ typedef struct {
     PyObject *stock_time;            /* asyncio.BaseEventLoop.time */
     PyTypeObject *time_checked_type; /* last loop type looked at (borrowed id) */
     int time_checked_is_stock;
-    PyObject *str_running_loop_key;  /* where _asyncio keeps it, up to 3.13 */
+    PyObject *str_running_loop_key;  /* where _asyncio keeps it, up to 3.12 */
 #if PY_VERSION_HEX < 0x030C0000
     PyTypeObject *holder_type;  /* _asyncio._RunningLoopHolder, once seen */
 #endif
+    /* 3.13: whether the loop found right after the PyThreadState proved to
+     * be _get_running_loop()'s answer: 0 not yet seen, 1 yes, -1 no */
+    int tstate_loop_ok;
 } core_state;
 
 static inline core_state *get_state(PyObject *module) {
@@ -161,7 +166,11 @@ static PyObject *raise_errno(int rc, const char *what) {
  * cache and refresh after fork().  3.12 keeps the loop itself
  * under the same key (no pid check); a dict lookup there is three times
  * cheaper than calling _get_running_loop.  3.13 moved it into the
- * thread state: there we call asyncio's function. */
+ * thread state, in the word that follows the public PyThreadState
+ * (_PyThreadStateImpl.asyncio_running_loop, which _asyncio reads and writes
+ * directly).  We read that word only once it has been seen to hold exactly
+ * what _get_running_loop() returned; until then, and for good if it ever
+ * did not, we call the function.  (Free-threaded builds always call it.) */
 
 #if PY_VERSION_HEX < 0x030C0000
 #include <unistd.h>
@@ -209,6 +218,13 @@ static PyObject *running_loop(core_state *st) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
     }
+#elif PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+    PyObject **slot = (PyObject **)((char *)PyThreadState_Get() + sizeof(PyThreadState));
+    if (st->tstate_loop_ok > 0) return Py_NewRef(*slot ? *slot : Py_None);
+    PyObject *loop = PyObject_CallNoArgs(st->get_running_loop);
+    if (loop && loop != Py_None && st->tstate_loop_ok == 0)
+        st->tstate_loop_ok = *slot == loop ? 1 : -1;
+    return loop;
 #endif
     return PyObject_CallNoArgs(st->get_running_loop);
 }
@@ -497,7 +513,9 @@ static int run_handle(PortObject *self, HandleObject *h, int drop) {
     int result = 0;
     if (!drop && cb) {
         PyObject *res = NULL;
-        if (PyContext_Enter(ctx) == 0) {
+        if (!ctx) {
+            res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
+        } else if (PyContext_Enter(ctx) == 0) {
             res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
             PyObject *exc = res ? NULL : PyErr_GetRaisedException();
             PyContext_Exit(ctx);
@@ -872,12 +890,15 @@ static PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double
     h->compat = (flags & SCHED_COMPAT) != 0;
     h->cancel_called = 0;
     h->is_timeout = (flags & SCHED_TIMEOUT) != 0;
-    h->context = context ? Py_NewRef(context) : PyContext_CopyCurrent();
+    /* A Timeout's expiry only calls task.cancel(): it needs no copy of the
+     * context (asyncio's handle would run it in one; nothing reads it). */
+    h->context = context ? Py_NewRef(context)
+                 : (flags & SCHED_TIMEOUT) ? NULL : PyContext_CopyCurrent();
     atomic_init(&h->state, H_PENDING);
     h->weakreflist = NULL;
     h->id = 0;
     PyObject_GC_Track(h);
-    if (!h->args || !h->context) {
+    if (!h->args || (!h->context && !(flags & SCHED_TIMEOUT))) {
         Py_DECREF(h);
         return NULL;
     }
@@ -1080,13 +1101,25 @@ static PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args) 
 
 typedef struct {
     PyObject_HEAD
+    core_state *st;
     PyObject *value;
 } ReadyObject;
 
 static PyObject *ready_new(core_state *st, PyObject *value) {
     if (value == Py_None && st->ready_none) return Py_NewRef(st->ready_none);
-    ReadyObject *r = PyObject_New(ReadyObject, st->Ready_Type);
-    if (!r) return NULL;
+    ReadyObject *r;
+#ifndef Py_GIL_DISABLED
+    if (st->ready_spare) {
+        r = (ReadyObject *)st->ready_spare;
+        st->ready_spare = NULL;
+        (void)PyObject_Init((PyObject *)r, st->Ready_Type);
+    } else
+#endif
+    {
+        r = PyObject_New(ReadyObject, st->Ready_Type);
+        if (!r) return NULL;
+    }
+    r->st = st;
     r->value = Py_NewRef(value);
     return (PyObject *)r;
 }
@@ -1094,20 +1127,119 @@ static PyObject *ready_new(core_state *st, PyObject *value) {
 static void Ready_dealloc(ReadyObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     Py_CLEAR(self->value);
+#ifndef Py_GIL_DISABLED
+    /* One spare: __aenter__ makes one, the await drops it at once. */
+    if (!self->st->ready_spare && self->st->Ready_Type == tp &&
+        self != (ReadyObject *)self->st->ready_none) {
+        self->st->ready_spare = (PyObject *)self;
+        Py_DECREF(tp);
+        return;
+    }
+#endif
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
 static PyObject *Ready_await(ReadyObject *self) { return Py_NewRef(self); }
 
+/* Raises StopIteration(value) the way `return value` ends a coroutine.
+ *
+ * From 3.12 the interpreter's SEND no longer uses am_send for objects other
+ * than generators and coroutines: it calls tp_iternext and fetches the
+ * value out of the StopIteration.  Making that exception (its args tuple,
+ * __init__, the context bookkeeping of PyErr_SetObject) was a sixth of an
+ * `async with timeout()`.  So one instance is kept and raised again as long
+ * as nobody else holds it and it has picked up no traceback, context, cause
+ * or notes: SEND reads `value` and drops its reference at once, so in the
+ * common case it is ours alone again before the next raise.  Whoever keeps
+ * it (a debugger, sys.monitoring) keeps it unchanged: we make a new one. */
+static PyObject *raise_stop_iteration(core_state *st, PyObject *value) {
+#ifndef Py_GIL_DISABLED
+    PyObject *e = st->stop_iteration;
+    if (e) {
+        PyBaseExceptionObject *b = (PyBaseExceptionObject *)e;
+        if (Py_REFCNT(e) == 1 && !b->traceback && !b->context && !b->cause && !b->notes &&
+            Py_IS_TYPE(e, (PyTypeObject *)PyExc_StopIteration)) {
+            Py_XSETREF(((PyStopIterationObject *)e)->value, Py_NewRef(value));
+            PyErr_SetRaisedException(Py_NewRef(e));
+            return NULL;
+        }
+        Py_CLEAR(st->stop_iteration);
+    }
+    e = PyObject_CallOneArg(PyExc_StopIteration, value);
+    if (!e) return NULL;
+    /* keep it with empty args: only `value` is read */
+    Py_XSETREF(((PyBaseExceptionObject *)e)->args, PyTuple_New(0));
+    if (!((PyBaseExceptionObject *)e)->args) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    st->stop_iteration = Py_NewRef(e);
+    PyErr_SetRaisedException(e);
+    return NULL;
+#else
+    PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, value);
+    if (!e) return NULL;
+    PyErr_SetRaisedException(e);
+    return NULL;
+#endif
+}
+
+/* Drops the kept StopIteration's reference to `value` if it still has one
+ * and nobody else holds it (so that a Timeout is not kept alive by it). */
+static void forget_stop_iteration(core_state *st, PyObject *value) {
+#ifndef Py_GIL_DISABLED
+    PyObject *e = st->stop_iteration;
+    if (e && Py_REFCNT(e) == 1 && ((PyStopIterationObject *)e)->value == value)
+        Py_CLEAR(((PyStopIterationObject *)e)->value);
+#else
+    (void)st;
+    (void)value;
+#endif
+}
+
 static PyObject *Ready_iternext(ReadyObject *self) {
     if (self->value == Py_None) return NULL; /* exhausted: the result is None */
-    PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, self->value);
-    if (!e) return NULL;
-    PyErr_SetObject(PyExc_StopIteration, e);
-    Py_DECREF(e);
+    return raise_stop_iteration(self->st, self->value);
+}
+
+/* send(), throw() and close(), for code that drives an awaitable by hand
+ * (as it would a coroutine): send() finishes it, throw() raises into the
+ * caller, close() does nothing. */
+static PyObject *Ready_send_method(ReadyObject *self, PyObject *Py_UNUSED(arg)) {
+    if (self->value == Py_None) {
+        PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
+    }
+    return raise_stop_iteration(self->st, self->value);
+}
+
+static PyObject *Ready_throw(ReadyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw expected 1 to 3 arguments");
+        return NULL;
+    }
+    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None;
+    if (PyExceptionInstance_Check(typ)) {
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+    } else if (PyExceptionClass_Check(typ)) {
+        PyErr_SetObject(typ, val);
+    } else {
+        PyErr_SetString(PyExc_TypeError,
+                        "exceptions must be classes or instances deriving from BaseException");
+    }
     return NULL;
 }
+
+static PyObject *Ready_close(ReadyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)) {
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Ready_methods[] = {
+    {"send", (PyCFunction)Ready_send_method, METH_O, NULL},
+    {"throw", (PyCFunction)(void (*)(void))Ready_throw, METH_FASTCALL, NULL},
+    {"close", (PyCFunction)Ready_close, METH_NOARGS, NULL},
+    {NULL}};
 
 static PySendResult Ready_send(ReadyObject *self, PyObject *arg, PyObject **result) {
     (void)arg;
@@ -1121,6 +1253,7 @@ static PyType_Slot Ready_slots[] = {
     {Py_am_send, Ready_send},
     {Py_tp_iter, PyObject_SelfIter},
     {Py_tp_iternext, Ready_iternext},
+    {Py_tp_methods, Ready_methods},
     {0, NULL}};
 
 static PyType_Spec Ready_spec = {
@@ -1226,18 +1359,38 @@ static TimerThreadObject *default_tt(core_state *st) {
  * Python-level call is a quarter of an `async with timeout()`.  The answer
  * is cached for the last loop class seen; patching `time` on a loop class
  * after it was first used here is not noticed. */
-static PyObject *loop_time(core_state *st, PyObject *loop) {
+static int loop_time_is_stock(core_state *st, PyObject *loop) {
     PyTypeObject *tp = Py_TYPE(loop);
     if (tp != st->time_checked_type) {
         PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
-        if (!f) return NULL;
+        if (!f) return -1;
         st->time_checked_is_stock = (f == st->stock_time);
         st->time_checked_type = tp;
         Py_DECREF(f);
     }
+    return st->time_checked_is_stock;
+}
+
+static PyObject *loop_time(core_state *st, PyObject *loop) {
+    int stock = loop_time_is_stock(st, loop);
+    if (stock < 0) return NULL;
     /* time.monotonic() computes the same double from the same ns */
-    if (st->time_checked_is_stock) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
+    if (stock) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
     return PyObject_CallMethodNoArgs(loop, st->str_time);
+}
+
+/* `when <= loop.time()`, as asyncio's Timeout.reschedule() asks it. */
+static int deadline_reached(core_state *st, PyObject *loop, PyObject *when) {
+    if (PyFloat_CheckExact(when)) {
+        int stock = loop_time_is_stock(st, loop);
+        if (stock < 0) return -1;
+        if (stock) return PyFloat_AS_DOUBLE(when) <= (double)bt_now_ns() / 1e9;
+    }
+    PyObject *now = loop_time(st, loop);
+    if (!now) return -1;
+    int past = PyObject_RichCompareBool(when, now, Py_LE);
+    Py_DECREF(now);
+    return past;
 }
 
 static int cancel_any_handle(core_state *st, PyObject *h) {
@@ -1267,10 +1420,7 @@ static int timeout_arm(TimeoutObject *self, PyObject *loop, PyObject *when) {
         if (rc < 0) return -1;
     }
     if (when == Py_None) return 0;
-    PyObject *now = loop_time(st, loop);
-    if (!now) return -1;
-    int past = PyObject_RichCompareBool(when, now, Py_LE);
-    Py_DECREF(now);
+    int past = deadline_reached(st, loop, when);
     if (past < 0) return -1;
     PyObject *h;
     if (past) {
@@ -1388,6 +1538,7 @@ static PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ss
                      timeout_state_names[self->state]);
         return NULL;
     }
+    forget_stop_iteration(st, (PyObject *)self);
     if (self->handler) {
         PyObject *h = self->handler;
         self->handler = NULL;
@@ -1517,23 +1668,28 @@ static PyObject *core_timeout(PyObject *m, PyObject *delay) {
     core_state *st = get_state(m);
     PyObject *loop = need_running_loop(st);
     if (!loop) return NULL;
-    PyObject *when;
+    PyObject *when = NULL;
+    int stock;
     if (delay == Py_None) {
         when = Py_NewRef(Py_None);
+    } else if ((stock = loop_time_is_stock(st, loop)) < 0) {
+        /* error set */
+    } else if (stock && (PyFloat_CheckExact(delay) || PyLong_CheckExact(delay))) {
+        /* the float addition `loop.time() + delay` does, without making
+         * loop.time()'s float (an int too large for a double raises the
+         * same OverflowError there) */
+        double d = PyFloat_CheckExact(delay) ? PyFloat_AS_DOUBLE(delay) : PyLong_AsDouble(delay);
+        if (!(d == -1.0 && PyErr_Occurred()))
+            when = PyFloat_FromDouble((double)bt_now_ns() / 1e9 + d);
     } else {
         PyObject *now = loop_time(st, loop);
-        if (!now) {
-            Py_DECREF(loop);
-            return NULL;
-        }
-        when = PyNumber_Add(now, delay);
-        Py_DECREF(now);
-        if (!when) {
-            Py_DECREF(loop);
-            return NULL;
+        if (now) {
+            when = PyNumber_Add(now, delay);
+            Py_DECREF(now);
         }
     }
     Py_DECREF(loop);
+    if (!when) return NULL;
     PyObject *t = timeout_make(st, when);
     Py_DECREF(when);
     return t;
@@ -1661,6 +1817,7 @@ static int core_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(st->Timeout_Type);
     Py_VISIT(st->Ready_Type);
     Py_VISIT(st->ready_none);
+    Py_VISIT(st->stop_iteration);
     Py_VISIT(st->current_tasks);
     Py_VISIT(st->current_task);
     Py_VISIT(st->CancelledError);
@@ -1683,6 +1840,11 @@ static int core_clear(PyObject *m) {
     Py_CLEAR(st->Timeout_Type);
     Py_CLEAR(st->Ready_Type);
     Py_CLEAR(st->ready_none);
+    if (st->ready_spare) {
+        PyObject_Free(st->ready_spare);
+        st->ready_spare = NULL;
+    }
+    Py_CLEAR(st->stop_iteration);
     Py_CLEAR(st->current_tasks);
     Py_CLEAR(st->current_task);
     Py_CLEAR(st->CancelledError);
