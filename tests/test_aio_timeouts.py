@@ -908,6 +908,102 @@ def test_wait_for_timeout_inside_outer_timeout(t, run):
     assert run(main()) == (False, 0)
 
 
+def test_wait_for_as_task_gather_and_taskgroup(t, run):
+    """What wait_for() returns is a coroutine to asyncio: create_task(),
+    gather() and TaskGroup.create_task() take it."""
+
+    async def value(v, delay=0.0):
+        await asyncio.sleep(delay)
+        return v
+
+    async def main():
+        assert asyncio.iscoroutine(c := t.wait_for(value(0), 5))
+        task = asyncio.create_task(c)
+        got = [await task]
+        got += await asyncio.gather(t.wait_for(value(1), 5), t.wait_for(value(2, 0.001), 5))
+        async with asyncio.TaskGroup() as tg:
+            tt = tg.create_task(t.wait_for(value(3), 5))
+        got.append(tt.result())
+        with pytest.raises(TimeoutError):
+            await asyncio.create_task(t.wait_for(value(4, 10), 0.01))
+        return got, repr(task).startswith("<Task finished"), task.get_stack()
+
+    assert run(main()) == ([0, 1, 2, 3], True, [])
+
+
+def test_wait_for_keywords(t, run):
+    async def value():
+        return "kw"
+
+    async def main():
+        return await t.wait_for(fut=value(), timeout=5)
+
+    assert run(main()) == "kw"
+
+
+def test_wait_for_not_awaitable(t, run):
+    async def main():
+        with pytest.raises(TypeError):
+            await t.wait_for(42, 5)
+        with pytest.raises(TypeError):
+            await t.wait_for(42, None)
+        return asyncio.current_task().cancelling()
+
+    assert run(main()) == 0
+
+
+def test_wait_for_coroutine_protocol(t, run):
+    """send/throw/close by hand behave as on any coroutine."""
+
+    async def main():
+        fut = asyncio.get_running_loop().create_future()
+        # thrown into before it started: raised, and it is finished
+        c = t.wait_for(fut, 5)
+        with pytest.raises(ValueError):
+            c.throw(ValueError("before start"))
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            c.send(None)
+        # run to completion by hand: the value comes in StopIteration (3.11
+        # runs even a done future through a Task, unless without timeout)
+        fut.set_result("by hand")
+        c = t.wait_for(fut, 5 if PY312 else None)
+        with pytest.raises(StopIteration) as si:
+            c.send(None)
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            c.send(None)
+        c.close()  # closing a finished coroutine does nothing
+        # closed before it started
+        c = t.wait_for(fut, 5)
+        c.close()
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            c.send(None)
+        return si.value.value
+
+    assert run(main()) == "by hand"
+
+
+@pytest.mark.parametrize("how", ["close", "collect"])
+def test_wait_for_dropped_while_suspended_disarms_timer(t, run, how):
+    """A wait_for closed (or garbage-collected) while it waits exits its
+    timeout: the timer that would have cancelled the task never fires."""
+    import gc
+
+    async def main():
+        fut = asyncio.get_running_loop().create_future()
+        c = t.wait_for(fut, 0.02)
+        yielded = c.send(None)  # suspended on fut
+        assert isinstance(yielded, asyncio.Future)  # fut itself from 3.12 on
+        if how == "close":
+            c.close()
+        else:
+            del c, yielded
+            gc.collect()
+        await asyncio.sleep(0.06)  # the timeout would have cancelled us here
+        return asyncio.current_task().cancelling()
+
+    assert run(main()) == 0
+
+
 # -- bucketimer specifics (not in the reference) --------------------------------------------
 
 
@@ -997,3 +1093,42 @@ def test_no_running_loop_after_a_loop_ran(t, run):
     run(main())
     with pytest.raises(RuntimeError):
         t.timeout(1)
+
+
+@pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
+def test_c_wait_for_matches_asyncio_messages_and_attributes():
+    async def main():
+        msgs = []
+        for wf in (asyncio.wait_for, aio.wait_for):
+            try:
+                await wf(42, 5)
+            except TypeError as e:
+                msgs.append(str(e))
+        fut = asyncio.get_running_loop().create_future()
+        c = aio.wait_for(fut, 5)
+        attrs = [c.cr_await, c.cr_running, c.cr_frame, c.__name__]
+        c.send(None)
+        attrs.append(c.cr_await is not None)
+        c.close()
+        attrs.append(c.cr_await)
+        return msgs, attrs
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        msgs, attrs = r.run(main())
+    assert msgs[0] == msgs[1] == "object int can't be used in 'await' expression"
+    assert attrs == [None, False, None, "wait_for", True, None]
+
+
+@pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
+def test_c_wait_for_never_awaited_warns():
+    async def work():
+        pass
+
+    coro = work()
+    with pytest.warns(RuntimeWarning, match="coroutine 'wait_for' was never awaited"):
+        c = aio.wait_for(coro, 5)
+        del c
+        import gc
+
+        gc.collect()
+    coro.close()

@@ -67,6 +67,15 @@ typedef struct {
     PyObject *ready_none;        /* an awaitable that returns None at once */
     PyObject *ready_spare;       /* a free Ready object (owned, not initialised), or NULL */
     PyObject *stop_iteration;    /* the StopIteration raise_stop_iteration reuses */
+#define TIMEOUT_FREELIST_MAX 16
+    struct TimeoutObject *timeout_free[TIMEOUT_FREELIST_MAX]; /* dead, kept for reuse */
+    int timeout_nfree;
+    PyTypeObject *WaitFor_Type;  /* 3.12 and later */
+    getter coro_await_getter;    /* the coroutine type's cr_await, read directly */
+    PyTypeObject *task_type;     /* asyncio.Task (the C one when present) */
+    PyObject *task_cancelling;   /* its cancelling method descriptor */
+    PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive */
+    PyObject *str_cr_await, *str_close, *str_throw;
     PyObject *current_tasks;     /* asyncio's loop -> current task dict, or NULL */
     PyObject *current_task;      /* asyncio.current_task */
     PyObject *CancelledError;
@@ -1149,17 +1158,25 @@ static PyObject *Ready_await(ReadyObject *self) { return Py_NewRef(self); }
  * value out of the StopIteration.  Making that exception (its args tuple,
  * __init__, the context bookkeeping of PyErr_SetObject) was a sixth of an
  * `async with timeout()`.  So one instance is kept and raised again as long
- * as nobody else holds it and it has picked up no traceback, context, cause
- * or notes: SEND reads `value` and drops its reference at once, so in the
- * common case it is ours alone again before the next raise.  Whoever keeps
- * it (a debugger, sys.monitoring) keeps it unchanged: we make a new one. */
+ * as nobody else holds it or its args and it has picked up no traceback,
+ * context, cause or notes: SEND reads `value` and drops its reference at
+ * once, so in the common case it is ours alone again before the next raise.
+ * Its args tuple, ours alone too, is refilled in place, so that whoever
+ * catches it sees what StopIteration(value) would show.  Whoever keeps it
+ * (a debugger, sys.monitoring, an `except StopIteration as e`) keeps it
+ * unchanged: we make a new one. */
 static PyObject *raise_stop_iteration(core_state *st, PyObject *value) {
 #ifndef Py_GIL_DISABLED
     PyObject *e = st->stop_iteration;
     if (e) {
         PyBaseExceptionObject *b = (PyBaseExceptionObject *)e;
         if (Py_REFCNT(e) == 1 && !b->traceback && !b->context && !b->cause && !b->notes &&
+            !b->suppress_context && b->args && PyTuple_CheckExact(b->args) &&
+            Py_REFCNT(b->args) == 1 && PyTuple_GET_SIZE(b->args) == 1 &&
             Py_IS_TYPE(e, (PyTypeObject *)PyExc_StopIteration)) {
+            PyObject *old = PyTuple_GET_ITEM(b->args, 0);
+            PyTuple_SET_ITEM(b->args, 0, Py_NewRef(value));
+            Py_DECREF(old);
             Py_XSETREF(((PyStopIterationObject *)e)->value, Py_NewRef(value));
             PyErr_SetRaisedException(Py_NewRef(e));
             return NULL;
@@ -1168,12 +1185,6 @@ static PyObject *raise_stop_iteration(core_state *st, PyObject *value) {
     }
     e = PyObject_CallOneArg(PyExc_StopIteration, value);
     if (!e) return NULL;
-    /* keep it with empty args: only `value` is read */
-    Py_XSETREF(((PyBaseExceptionObject *)e)->args, PyTuple_New(0));
-    if (!((PyBaseExceptionObject *)e)->args) {
-        Py_DECREF(e);
-        return NULL;
-    }
     st->stop_iteration = Py_NewRef(e);
     PyErr_SetRaisedException(e);
     return NULL;
@@ -1185,13 +1196,23 @@ static PyObject *raise_stop_iteration(core_state *st, PyObject *value) {
 #endif
 }
 
-/* Drops the kept StopIteration's reference to `value` if it still has one
- * and nobody else holds it (so that a Timeout is not kept alive by it). */
+/* Drops the kept StopIteration's references to `value` if it still has
+ * them and nobody else holds it (so that a Timeout is not kept alive by
+ * it). */
 static void forget_stop_iteration(core_state *st, PyObject *value) {
 #ifndef Py_GIL_DISABLED
     PyObject *e = st->stop_iteration;
-    if (e && Py_REFCNT(e) == 1 && ((PyStopIterationObject *)e)->value == value)
-        Py_CLEAR(((PyStopIterationObject *)e)->value);
+    if (e && Py_REFCNT(e) == 1 && ((PyStopIterationObject *)e)->value == value) {
+        PyObject *args = ((PyBaseExceptionObject *)e)->args;
+        if (args && PyTuple_CheckExact(args) && Py_REFCNT(args) == 1 &&
+            PyTuple_GET_SIZE(args) == 1 && PyTuple_GET_ITEM(args, 0) == value) {
+            PyTuple_SET_ITEM(args, 0, Py_NewRef(Py_None));
+            Py_DECREF(value);
+            Py_SETREF(((PyStopIterationObject *)e)->value, Py_NewRef(Py_None));
+        } else {
+            Py_CLEAR(st->stop_iteration);
+        }
+    }
 #else
     (void)st;
     (void)value;
@@ -1274,7 +1295,7 @@ enum { T_CREATED, T_ENTERED, T_EXPIRING, T_EXPIRED, T_EXITED };
 static const char *const timeout_state_names[] = {"created", "active", "expiring", "expired",
                                                    "finished"};
 
-typedef struct {
+typedef struct TimeoutObject {
     PyObject_HEAD
     core_state *st;
     int state;
@@ -1308,12 +1329,31 @@ static void Timeout_dealloc(TimeoutObject *self) {
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
     Timeout_clear(self);
+#ifndef Py_GIL_DISABLED
+    /* A few dead Timeouts are kept for the next timeout(): each `async with`
+     * makes and drops one.  Only for the module's own type, while it lives. */
+    core_state *st = self->st;
+    if (st->timeout_nfree < TIMEOUT_FREELIST_MAX && st->Timeout_Type == tp) {
+        st->timeout_free[st->timeout_nfree++] = self;
+        Py_DECREF(tp); /* PyObject_Init takes it again on reuse */
+        return;
+    }
+#endif
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
 static PyObject *timeout_make(core_state *st, PyObject *when) {
-    TimeoutObject *self = PyObject_GC_New(TimeoutObject, st->Timeout_Type);
+    TimeoutObject *self;
+#ifndef Py_GIL_DISABLED
+    if (st->timeout_nfree > 0) {
+        self = st->timeout_free[--st->timeout_nfree];
+        (void)PyObject_Init((PyObject *)self, st->Timeout_Type);
+    } else
+#endif
+    {
+        self = PyObject_GC_New(TimeoutObject, st->Timeout_Type);
+    }
     if (!self) return NULL;
     self->st = st;
     self->state = T_CREATED;
@@ -1379,12 +1419,15 @@ static PyObject *loop_time(core_state *st, PyObject *loop) {
     return PyObject_CallMethodNoArgs(loop, st->str_time);
 }
 
-/* `when <= loop.time()`, as asyncio's Timeout.reschedule() asks it. */
-static int deadline_reached(core_state *st, PyObject *loop, PyObject *when) {
+/* `when <= loop.time()`, as asyncio's Timeout.reschedule() asks it.
+ * `now_ns`, if not negative, is the stock clock read a moment ago by the
+ * same caller (no code ran in between). */
+static int deadline_reached(core_state *st, PyObject *loop, PyObject *when, int64_t now_ns) {
     if (PyFloat_CheckExact(when)) {
         int stock = loop_time_is_stock(st, loop);
         if (stock < 0) return -1;
-        if (stock) return PyFloat_AS_DOUBLE(when) <= (double)bt_now_ns() / 1e9;
+        if (stock)
+            return PyFloat_AS_DOUBLE(when) <= (double)(now_ns >= 0 ? now_ns : bt_now_ns()) / 1e9;
     }
     PyObject *now = loop_time(st, loop);
     if (!now) return -1;
@@ -1409,7 +1452,7 @@ static PyMethodDef on_timeout_def = {"_on_timeout", (PyCFunction)Timeout_on_time
                                      NULL};
 
 /* reschedule() once the state and loop are checked. */
-static int timeout_arm(TimeoutObject *self, PyObject *loop, PyObject *when) {
+static int timeout_arm(TimeoutObject *self, PyObject *loop, PyObject *when, int64_t now_ns) {
     core_state *st = self->st;
     Py_XSETREF(self->when, Py_NewRef(when));
     if (self->handler) {
@@ -1420,7 +1463,7 @@ static int timeout_arm(TimeoutObject *self, PyObject *loop, PyObject *when) {
         if (rc < 0) return -1;
     }
     if (when == Py_None) return 0;
-    int past = deadline_reached(st, loop, when);
+    int past = deadline_reached(st, loop, when, now_ns);
     if (past < 0) return -1;
     PyObject *h;
     if (past) {
@@ -1468,7 +1511,7 @@ static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
     }
     int rc = 0;
     if (loop) {
-        rc = timeout_arm(self, loop, when);
+        rc = timeout_arm(self, loop, when, -1);
         Py_DECREF(loop);
     } else {
         Py_XSETREF(self->when, Py_NewRef(when));
@@ -1477,41 +1520,56 @@ static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Timeout_aenter(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
+/* task.cancelling().  For asyncio's own Task type the method is called
+ * through its descriptor, which skips looking in the task's __dict__. */
+static PyObject *task_cancelling(core_state *st, PyObject *task) {
+    if (Py_TYPE(task) == st->task_type && st->task_cancelling)
+        return PyObject_Vectorcall(st->task_cancelling, &task, 1, NULL);
+    return PyObject_CallMethodNoArgs(task, st->str_cancelling);
+}
+
+/* __aenter__ on the running `loop`; `now_ns` as for deadline_reached(). */
+static int timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     core_state *st = self->st;
     if (self->state != T_CREATED) {
         PyErr_SetString(PyExc_RuntimeError, "Timeout has already been entered");
-        return NULL;
+        return -1;
     }
-    PyObject *loop = need_running_loop(st);
-    if (!loop) return NULL;
     PyObject *task;
     if (st->current_tasks) {
         task = PyDict_GetItemWithError(st->current_tasks, loop);
-        if (!task && PyErr_Occurred()) goto fail;
+        if (!task && PyErr_Occurred()) return -1;
         Py_XINCREF(task);
     } else {
         task = PyObject_CallOneArg(st->current_task, loop);
-        if (!task) goto fail;
+        if (!task) return -1;
     }
     if (!task || task == Py_None) {
         Py_XDECREF(task);
         PyErr_SetString(PyExc_RuntimeError, "Timeout should be used inside a task");
-        goto fail;
+        return -1;
     }
     self->state = T_ENTERED;
     Py_XSETREF(self->task, task);
-    PyObject *c = PyObject_CallMethodNoArgs(task, st->str_cancelling);
-    if (!c) goto fail;
+    PyObject *c = task_cancelling(st, task);
+    if (!c) return -1;
     self->cancelling = PyLong_AsLong(c);
     Py_DECREF(c);
-    if (self->cancelling == -1 && PyErr_Occurred()) goto fail;
-    if (timeout_arm(self, loop, self->when) < 0) goto fail;
+    if (self->cancelling == -1 && PyErr_Occurred()) return -1;
+    return timeout_arm(self, loop, self->when, now_ns);
+}
+
+static PyObject *Timeout_aenter(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->state != T_CREATED) {
+        PyErr_SetString(PyExc_RuntimeError, "Timeout has already been entered");
+        return NULL;
+    }
+    PyObject *loop = need_running_loop(self->st);
+    if (!loop) return NULL;
+    int rc = timeout_enter(self, loop, -1);
     Py_DECREF(loop);
-    return ready_new(st, (PyObject *)self);
-fail:
-    Py_DECREF(loop);
-    return NULL;
+    if (rc < 0) return NULL;
+    return ready_new(self->st, (PyObject *)self);
 }
 
 /* raise TimeoutError from exc */
@@ -1664,12 +1722,13 @@ static PyType_Spec Timeout_spec = {
     .slots = Timeout_slots,
 };
 
-static PyObject *core_timeout(PyObject *m, PyObject *delay) {
-    core_state *st = get_state(m);
-    PyObject *loop = need_running_loop(st);
-    if (!loop) return NULL;
+/* timeout(delay) on the running `loop`: a Timeout due at loop.time() +
+ * delay.  *now_ns gets the stock clock's reading if that is what was read,
+ * else -1. */
+static PyObject *timeout_on_loop(core_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns) {
     PyObject *when = NULL;
     int stock;
+    *now_ns = -1;
     if (delay == Py_None) {
         when = Py_NewRef(Py_None);
     } else if ((stock = loop_time_is_stock(st, loop)) < 0) {
@@ -1679,8 +1738,10 @@ static PyObject *core_timeout(PyObject *m, PyObject *delay) {
          * loop.time()'s float (an int too large for a double raises the
          * same OverflowError there) */
         double d = PyFloat_CheckExact(delay) ? PyFloat_AS_DOUBLE(delay) : PyLong_AsDouble(delay);
-        if (!(d == -1.0 && PyErr_Occurred()))
-            when = PyFloat_FromDouble((double)bt_now_ns() / 1e9 + d);
+        if (!(d == -1.0 && PyErr_Occurred())) {
+            *now_ns = bt_now_ns();
+            when = PyFloat_FromDouble((double)*now_ns / 1e9 + d);
+        }
     } else {
         PyObject *now = loop_time(st, loop);
         if (now) {
@@ -1688,16 +1749,588 @@ static PyObject *core_timeout(PyObject *m, PyObject *delay) {
             Py_DECREF(now);
         }
     }
-    Py_DECREF(loop);
     if (!when) return NULL;
     PyObject *t = timeout_make(st, when);
     Py_DECREF(when);
     return t;
 }
 
+/* timeout(delay) */
+static PyObject *timeout_for_delay(core_state *st, PyObject *delay) {
+    PyObject *loop = need_running_loop(st);
+    if (!loop) return NULL;
+    int64_t now_ns;
+    PyObject *t = timeout_on_loop(st, loop, delay, &now_ns);
+    Py_DECREF(loop);
+    return t;
+}
+
+static PyObject *core_timeout(PyObject *m, PyObject *delay) {
+    return timeout_for_delay(get_state(m), delay);
+}
+
 static PyObject *core_timeout_at(PyObject *m, PyObject *when) {
     return timeout_make(get_state(m), when);
 }
+
+/* ---- wait_for: asyncio.wait_for of 3.12 and later, in C -----------------
+ *
+ * 3.12 rewrote wait_for() as
+ *
+ *     async def wait_for(fut, timeout):
+ *         if timeout is not None and timeout <= 0:
+ *             ...                    # run to completion or cancel, see aio.py
+ *         async with timeouts.timeout(timeout):
+ *             return await fut
+ *
+ * WaitFor is that coroutine written out by hand, so that a wait_for() whose
+ * awaitable finishes without suspending costs no Python frame, no
+ * `async with` and no Ready awaitables: it enters a Timeout, drives the
+ * awaited iterator with send()/throw(), and exits the Timeout with whatever
+ * that iterator ended with.  It is a coroutine as asyncio sees one
+ * (collections.abc.Coroutine: __await__, send, throw, close), so
+ * create_task(), gather() and TaskGroup take it, and it follows the
+ * generator protocol's rules: re-use after the end, throw() before the
+ * start, close() while suspended, finalisation while suspended (which, like
+ * a coroutine's close(), exits the Timeout and so cancels its timer).
+ *
+ * The `timeout <= 0` branch runs aio.py's coroutine for it: it involves a
+ * Task and is not a fast path in asyncio either. */
+
+#if PY_VERSION_HEX >= 0x030C0000
+
+enum { W_CREATED, W_SUSPENDED, W_CLOSED };
+
+typedef struct {
+    PyObject_HEAD
+    core_state *st;
+    int state;
+    int running;       /* inside send/throw/close */
+    PyObject *fut;     /* what to await, until started */
+    PyObject *delay;   /* the timeout argument, until started */
+    PyObject *inner;   /* the iterator being awaited, while suspended */
+    PyObject *timeout; /* the entered Timeout, while suspended; NULL for timeout <= 0 */
+} WaitForObject;
+
+static int WaitFor_traverse(WaitForObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->fut);
+    Py_VISIT(self->delay);
+    Py_VISIT(self->inner);
+    Py_VISIT(self->timeout);
+    return 0;
+}
+
+static int WaitFor_clear(WaitForObject *self) {
+    Py_CLEAR(self->fut);
+    Py_CLEAR(self->delay);
+    Py_CLEAR(self->inner);
+    Py_CLEAR(self->timeout);
+    return 0;
+}
+
+static void WaitFor_dealloc(WaitForObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0) return; /* resurrected */
+    PyObject_GC_UnTrack(self);
+    WaitFor_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* What `await o` iterates: the interpreter's GET_AWAITABLE. */
+static PyObject *awaitable_iter(core_state *st, PyObject *o) {
+    if (PyCoro_CheckExact(o) ||
+        (PyGen_CheckExact(o) && (PyGen_GetCode((PyGenObject *)o)->co_flags & CO_ITERABLE_COROUTINE))) {
+        if (PyCoro_CheckExact(o)) {
+            /* a coroutine suspended in an await of its own is someone
+             * else's to drive */
+            PyObject *yf = st->coro_await_getter ? st->coro_await_getter(o, NULL)
+                                                 : PyObject_GetAttr(o, st->str_cr_await);
+            if (!yf) return NULL;
+            int busy = yf != Py_None;
+            Py_DECREF(yf);
+            if (busy) {
+                PyErr_SetString(PyExc_RuntimeError, "coroutine is being awaited already");
+                return NULL;
+            }
+        }
+        return Py_NewRef(o);
+    }
+    unaryfunc getter = Py_TYPE(o)->tp_as_async ? Py_TYPE(o)->tp_as_async->am_await : NULL;
+    if (!getter) {
+        PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression",
+                     Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    PyObject *res = getter(o);
+    if (!res) return NULL;
+    if (PyCoro_CheckExact(res) ||
+        (PyGen_CheckExact(res) &&
+         (PyGen_GetCode((PyGenObject *)res)->co_flags & CO_ITERABLE_COROUTINE))) {
+        PyErr_SetString(PyExc_TypeError, "__await__() returned a coroutine");
+        Py_DECREF(res);
+        return NULL;
+    }
+    if (!PyIter_Check(res)) {
+        PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'",
+                     Py_TYPE(res)->tp_name);
+        Py_DECREF(res);
+        return NULL;
+    }
+    return res;
+}
+
+/* Sets `exc` (stolen) as the raised exception, with `context` (stolen) as
+ * its __context__ unless it already is in its chain: what raising inside
+ * an `except` block does. */
+static void raise_with_context(PyObject *exc, PyObject *context) {
+    if (context && context != exc) {
+        PyObject *c = PyException_GetContext(exc);
+        if (!c) PyException_SetContext(exc, context);
+        else {
+            Py_DECREF(c);
+            Py_DECREF(context);
+        }
+    } else {
+        Py_XDECREF(context);
+    }
+    PyErr_SetRaisedException(exc);
+}
+
+/* The end of `async with timeout: return await fut`: the awaited iterator
+ * returned (*result) or raised (the current exception).  Exits the
+ * Timeout with that outcome; its TimeoutError, if it raises one, wins. */
+static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject **result) {
+    PyObject *tm = self->timeout;
+    self->timeout = NULL;
+    Py_CLEAR(self->inner);
+    self->state = W_CLOSED;
+    if (!tm) return r;
+    PyObject *x;
+    if (r == PYGEN_RETURN) {
+        PyObject *args[3] = {Py_None, Py_None, Py_None};
+        x = Timeout_aexit((TimeoutObject *)tm, args, 3);
+        if (!x) {
+            Py_CLEAR(*result);
+            r = PYGEN_ERROR;
+        }
+    } else {
+        PyObject *exc = PyErr_GetRaisedException();
+        PyObject *tb = PyException_GetTraceback(exc);
+        PyObject *args[3] = {(PyObject *)Py_TYPE(exc), exc, tb ? tb : Py_None};
+        x = Timeout_aexit((TimeoutObject *)tm, args, 3);
+        Py_XDECREF(tb);
+        if (x) PyErr_SetRaisedException(exc); /* __aexit__ never swallows */
+        else raise_with_context(PyErr_GetRaisedException(), exc);
+    }
+    Py_XDECREF(x);
+    Py_DECREF(tm);
+    return r;
+}
+
+/* The StopIteration that ends a throw() or send() call: its value. */
+static PySendResult fetch_return(PyObject **result) {
+    if (!PyErr_ExceptionMatches(PyExc_StopIteration)) return PYGEN_ERROR;
+    PyObject *e = PyErr_GetRaisedException();
+    PyObject *v = ((PyStopIterationObject *)e)->value;
+    *result = Py_NewRef(v ? v : Py_None);
+    Py_DECREF(e);
+    return PYGEN_RETURN;
+}
+
+/* getattr(o, name, None) without None: 1 found, 0 not, -1 error. */
+static int optional_attr(PyObject *o, PyObject *name, PyObject **out) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(o, name, out);
+#else
+    *out = PyObject_GetAttr(o, name);
+    if (*out) return 1;
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+    PyErr_Clear();
+    return 0;
+#endif
+}
+
+/* Calls close() of an iterator, if it has one. */
+static int close_iter(core_state *st, PyObject *it) {
+    PyObject *meth;
+    if (optional_attr(it, st->str_close, &meth) < 0) return -1;
+    if (!meth) return 0;
+    PyObject *r = PyObject_CallNoArgs(meth);
+    Py_DECREF(meth);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* throw(exc) into the awaited iterator, as `yield from` does: GeneratorExit
+ * closes it and is raised here; an iterator without throw() lets the
+ * exception be raised here. */
+static PySendResult waitfor_throw_inner(WaitForObject *self, PyObject *exc, PyObject **result) {
+    core_state *st = self->st;
+    PyObject *inner = self->inner;
+    if (PyErr_GivenExceptionMatches(exc, PyExc_GeneratorExit)) {
+        if (close_iter(st, inner) < 0) return PYGEN_ERROR; /* that error is raised instead */
+        PyErr_SetRaisedException(Py_NewRef(exc));
+        return PYGEN_ERROR;
+    }
+    PyObject *meth;
+    int found = optional_attr(inner, st->str_throw, &meth);
+    if (found < 0) return PYGEN_ERROR;
+    if (!found) {
+        PyErr_SetRaisedException(Py_NewRef(exc));
+        return PYGEN_ERROR;
+    }
+    PyObject *ret = PyObject_CallOneArg(meth, exc);
+    Py_DECREF(meth);
+    if (ret) {
+        *result = ret;
+        return PYGEN_NEXT;
+    }
+    return fetch_return(result);
+}
+
+/* The first send(None): the body up to the first suspension. */
+static PySendResult waitfor_start(WaitForObject *self, PyObject **result) {
+    core_state *st = self->st;
+    PyObject *fut = self->fut, *delay = self->delay;
+    self->fut = self->delay = NULL;
+    self->state = W_CLOSED; /* until the Timeout is entered */
+    PySendResult r = PYGEN_ERROR;
+    PyObject *inner = NULL;
+    if (delay != Py_None) {
+        int nonpositive;
+        int overflow;
+        long v;
+        if (PyFloat_CheckExact(delay)) nonpositive = PyFloat_AS_DOUBLE(delay) <= 0.0;
+        else if (PyLong_CheckExact(delay) &&
+                 ((v = PyLong_AsLongAndOverflow(delay, &overflow)) != -1 || !PyErr_Occurred()))
+            nonpositive = overflow ? overflow < 0 : v <= 0;
+        else {
+            PyObject *zero = PyLong_FromLong(0);
+            nonpositive = zero ? PyObject_RichCompareBool(delay, zero, Py_LE) : -1;
+            Py_XDECREF(zero);
+        }
+        if (nonpositive < 0) goto done;
+        if (nonpositive) {
+            if (!st->wait_for_nonpositive) {
+                PyErr_SetString(PyExc_RuntimeError, "bucketimer.aio is not initialised");
+                goto done;
+            }
+            PyObject *loop = need_running_loop(st);
+            if (!loop) goto done;
+            inner = PyObject_CallFunctionObjArgs(st->wait_for_nonpositive, fut, loop, NULL);
+            Py_DECREF(loop);
+            if (!inner) goto done;
+            self->state = W_SUSPENDED;
+            self->inner = inner;
+            r = PyIter_Send(inner, Py_None, result);
+            if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
+            goto done;
+        }
+    }
+    /* timeout(delay) and its __aenter__, back to back as in asyncio's
+     * wait_for: the same running loop, and the clock read once (asyncio
+     * reads it twice, a few hundred ns apart, and schedules in between
+     * nothing that could tell). */
+    PyObject *loop = need_running_loop(st);
+    if (!loop) goto done;
+    int64_t now_ns;
+    PyObject *tm = timeout_on_loop(st, loop, delay, &now_ns);
+    if (!tm || timeout_enter((TimeoutObject *)tm, loop, now_ns) < 0) {
+        Py_XDECREF(tm);
+        Py_DECREF(loop);
+        goto done;
+    }
+    Py_DECREF(loop);
+    self->timeout = tm;
+    self->state = W_SUSPENDED;
+    inner = awaitable_iter(st, fut);
+    if (!inner) {
+        r = waitfor_finish(self, PYGEN_ERROR, result);
+        goto done;
+    }
+    self->inner = inner;
+    r = PyIter_Send(inner, Py_None, result);
+    if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
+done:
+    Py_DECREF(fut);
+    Py_DECREF(delay);
+    return r;
+}
+
+/* One step of the coroutine: send(arg) when exc is NULL, else throw(exc). */
+static PySendResult waitfor_step(WaitForObject *self, PyObject *arg, PyObject *exc,
+                                 PyObject **result) {
+    *result = NULL;
+    if (self->running) {
+        PyErr_SetString(PyExc_ValueError, "coroutine already executing");
+        return PYGEN_ERROR;
+    }
+    if (self->state == W_CLOSED) {
+        if (exc) PyErr_SetRaisedException(Py_NewRef(exc));
+        else PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
+        return PYGEN_ERROR;
+    }
+    if (self->state == W_CREATED) {
+        if (exc) { /* thrown in before it started: nothing ran, it never will */
+            self->state = W_CLOSED;
+            Py_CLEAR(self->fut);
+            Py_CLEAR(self->delay);
+            PyErr_SetRaisedException(Py_NewRef(exc));
+            return PYGEN_ERROR;
+        }
+        if (arg != Py_None) {
+            PyErr_SetString(PyExc_TypeError,
+                            "can't send non-None value to a just-started coroutine");
+            return PYGEN_ERROR;
+        }
+    }
+    self->running = 1;
+    PySendResult r;
+    if (self->state == W_CREATED) {
+        r = waitfor_start(self, result);
+    } else {
+        r = exc ? waitfor_throw_inner(self, exc, result) : PyIter_Send(self->inner, arg, result);
+        if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
+    }
+    self->running = 0;
+    return r;
+}
+
+static PySendResult WaitFor_am_send(WaitForObject *self, PyObject *arg, PyObject **result) {
+    PySendResult r = waitfor_step(self, arg, NULL, result);
+    if (r == PYGEN_ERROR) *result = NULL;
+    return r;
+}
+
+/* The outcome of a step as a call's: a yielded value, or StopIteration. */
+static PyObject *step_as_call(WaitForObject *self, PySendResult r, PyObject *result) {
+    if (r == PYGEN_NEXT) return result;
+    if (r == PYGEN_RETURN) {
+        raise_stop_iteration(self->st, result);
+        Py_DECREF(result);
+    }
+    return NULL;
+}
+
+static PyObject *WaitFor_iternext(WaitForObject *self) {
+    PyObject *result;
+    PySendResult r = waitfor_step(self, Py_None, NULL, &result);
+    if (r == PYGEN_RETURN && result == Py_None) { /* StopIteration(None), unraised */
+        Py_DECREF(result);
+        return NULL;
+    }
+    return step_as_call(self, r, result);
+}
+
+static PyObject *WaitFor_send(WaitForObject *self, PyObject *arg) {
+    PyObject *result;
+    PySendResult r = waitfor_step(self, arg, NULL, &result);
+    return step_as_call(self, r, result);
+}
+
+/* throw(exc) or the older throw(type[, value[, traceback]]) */
+static PyObject *WaitFor_throw(WaitForObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "throw expected at least 1 argument, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None;
+    PyObject *tb = nargs > 2 ? args[2] : Py_None;
+    if (tb != Py_None && !PyTraceBack_Check(tb)) {
+        PyErr_SetString(PyExc_TypeError, "throw() third argument must be a traceback object");
+        return NULL;
+    }
+    if (PyExceptionInstance_Check(typ)) {
+        if (val != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "instance exception may not have a separate value");
+            return NULL;
+        }
+        PyErr_SetRaisedException(Py_NewRef(typ));
+    } else if (PyExceptionClass_Check(typ)) {
+        PyErr_SetObject(typ, val);
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "exceptions must be classes or instances deriving from BaseException, "
+                     "not %s",
+                     Py_TYPE(typ)->tp_name);
+        return NULL;
+    }
+    PyObject *exc = PyErr_GetRaisedException();
+    if (!exc) return NULL;
+    if (tb != Py_None && PyException_SetTraceback(exc, tb) < 0) {
+        Py_DECREF(exc);
+        return NULL;
+    }
+    PyObject *result;
+    PySendResult r = waitfor_step(self, NULL, exc, &result);
+    Py_DECREF(exc);
+    return step_as_call(self, r, result);
+}
+
+/* close(): GeneratorExit at the suspension point (after closing the awaited
+ * iterator), which exits the Timeout and so cancels its timer. */
+static PyObject *WaitFor_close(WaitForObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->state == W_CREATED) {
+        self->state = W_CLOSED;
+        Py_CLEAR(self->fut);
+        Py_CLEAR(self->delay);
+        Py_RETURN_NONE;
+    }
+    if (self->state == W_CLOSED) Py_RETURN_NONE;
+    if (self->running) {
+        PyErr_SetString(PyExc_ValueError, "coroutine already executing");
+        return NULL;
+    }
+    self->running = 1;
+    if (close_iter(self->st, self->inner) == 0) PyErr_SetNone(PyExc_GeneratorExit);
+    PyObject *result = NULL;
+    (void)waitfor_finish(self, PYGEN_ERROR, &result);
+    self->running = 0;
+    if (PyErr_ExceptionMatches(PyExc_GeneratorExit) || PyErr_ExceptionMatches(PyExc_StopIteration)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return NULL;
+}
+
+/* Like a coroutine's: close() if suspended; "never awaited" if never started. */
+static void WaitFor_finalize(WaitForObject *self) {
+    if (self->state == W_CLOSED) return;
+    PyObject *exc = PyErr_GetRaisedException();
+    if (self->state == W_CREATED) {
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, "coroutine 'wait_for' was never awaited", 1) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
+        self->state = W_CLOSED;
+    } else {
+        PyObject *r = WaitFor_close(self, NULL);
+        if (r) Py_DECREF(r);
+        else PyErr_WriteUnraisable((PyObject *)self);
+    }
+    PyErr_SetRaisedException(exc);
+}
+
+static PyObject *WaitFor_await(WaitForObject *self) { return Py_NewRef(self); }
+
+static PyObject *WaitFor_get_await(WaitForObject *self, void *Py_UNUSED(c)) {
+    return Py_NewRef(self->state == W_SUSPENDED && self->inner ? self->inner : Py_None);
+}
+
+static PyObject *WaitFor_get_running(WaitForObject *self, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(self->running);
+}
+
+static PyObject *WaitFor_get_suspended(WaitForObject *self, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(self->state == W_SUSPENDED && !self->running);
+}
+
+static PyObject *WaitFor_get_none(WaitForObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
+    Py_RETURN_NONE;
+}
+
+static PyObject *WaitFor_get_name(WaitForObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
+    return PyUnicode_FromString("wait_for");
+}
+
+static PyObject *WaitFor_repr(WaitForObject *self) {
+    return PyUnicode_FromFormat("<bucketimer wait_for coroutine object at %p>", self);
+}
+
+static PyMethodDef WaitFor_methods[] = {
+    {"send", (PyCFunction)WaitFor_send, METH_O,
+     "send(arg) -> send 'arg' into coroutine,\nreturn next iterated value or raise StopIteration."},
+    {"throw", (PyCFunction)(void (*)(void))WaitFor_throw, METH_FASTCALL,
+     "throw(value)\nthrow(type[,value[,traceback]])\n\nRaise exception in coroutine, return next "
+     "iterated value or raise StopIteration."},
+    {"close", (PyCFunction)WaitFor_close, METH_NOARGS, "close() -> raise GeneratorExit inside coroutine."},
+    {NULL}};
+
+static PyGetSetDef WaitFor_getset[] = {
+    {"cr_await", (getter)WaitFor_get_await, NULL, "object being awaited on, or None", NULL},
+    {"cr_running", (getter)WaitFor_get_running, NULL, NULL, NULL},
+    {"cr_suspended", (getter)WaitFor_get_suspended, NULL, NULL, NULL},
+    {"cr_frame", (getter)WaitFor_get_none, NULL, "None: this coroutine has no Python frame", NULL},
+    {"cr_code", (getter)WaitFor_get_none, NULL, "None: this coroutine has no code object", NULL},
+    {"__name__", (getter)WaitFor_get_name, NULL, NULL, NULL},
+    {"__qualname__", (getter)WaitFor_get_name, NULL, NULL, NULL},
+    {NULL}};
+
+static PyType_Slot WaitFor_slots[] = {
+    {Py_tp_doc, "The coroutine bucketimer.wait_for() returns (3.12 and later)."},
+    {Py_tp_dealloc, WaitFor_dealloc},
+    {Py_tp_traverse, WaitFor_traverse},
+    {Py_tp_clear, WaitFor_clear},
+    {Py_tp_finalize, WaitFor_finalize},
+    {Py_tp_repr, WaitFor_repr},
+    {Py_tp_iter, PyObject_SelfIter},
+    {Py_tp_iternext, WaitFor_iternext},
+    {Py_am_await, WaitFor_await},
+    {Py_am_send, WaitFor_am_send},
+    {Py_tp_methods, WaitFor_methods},
+    {Py_tp_getset, WaitFor_getset},
+    {0, NULL}};
+
+static PyType_Spec WaitFor_spec = {
+    .name = "bucketimer._core.WaitFor",
+    .basicsize = sizeof(WaitForObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = WaitFor_slots,
+};
+
+static PyObject *core_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"fut", "timeout"};
+    PyObject *vals[2] = {NULL, NULL};
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "wait_for() takes 2 positional arguments but %zd were given",
+                     nargs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) vals[i] = args[i];
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        int j = PyUnicode_CompareWithASCIIString(k, "fut") == 0       ? 0
+                : PyUnicode_CompareWithASCIIString(k, "timeout") == 0 ? 1
+                                                                      : -1;
+        if (j < 0) {
+            PyErr_Format(PyExc_TypeError, "wait_for() got an unexpected keyword argument %R", k);
+            return NULL;
+        }
+        if (vals[j]) {
+            PyErr_Format(PyExc_TypeError, "wait_for() got multiple values for argument '%s'",
+                         names[j]);
+            return NULL;
+        }
+        vals[j] = args[nargs + i];
+    }
+    for (int j = 0; j < 2; j++)
+        if (!vals[j]) {
+            PyErr_Format(PyExc_TypeError, "wait_for() missing required argument: '%s'", names[j]);
+            return NULL;
+        }
+    core_state *st = get_state(m);
+    WaitForObject *self = PyObject_GC_New(WaitForObject, st->WaitFor_Type);
+    if (!self) return NULL;
+    self->st = st;
+    self->state = W_CREATED;
+    self->running = 0;
+    self->fut = Py_NewRef(vals[0]);
+    self->delay = Py_NewRef(vals[1]);
+    self->inner = self->timeout = NULL;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static PyObject *core_set_wait_for_nonpositive(PyObject *m, PyObject *fn) {
+    Py_XSETREF(get_state(m)->wait_for_nonpositive, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+#endif /* 3.12 and later */
 
 static PyObject *core_set_default_factory(PyObject *m, PyObject *fn) {
     core_state *st = get_state(m);
@@ -1720,6 +2353,12 @@ static PyMethodDef core_functions[] = {
      "timeout_at(when) -> Timeout\n\nasyncio.timeout_at(when), with the timer in bucketimer's "
      "core."},
     {"_set_default_factory", core_set_default_factory, METH_O, NULL},
+#if PY_VERSION_HEX >= 0x030C0000
+    {"wait_for", (PyCFunction)(void (*)(void))core_wait_for, METH_FASTCALL | METH_KEYWORDS,
+     "wait_for(fut, timeout) -> coroutine\n\nasyncio.wait_for() of 3.12 and later, with the "
+     "timer in bucketimer's core."},
+    {"_set_wait_for_nonpositive", core_set_wait_for_nonpositive, METH_O, NULL},
+#endif
     {NULL}};
 
 static int core_exec(PyObject *m) {
@@ -1753,6 +2392,15 @@ static int core_exec(PyObject *m) {
     PyObject *tasks = PyImport_ImportModule("asyncio.tasks");
     if (!tasks) return -1;
     st->current_task = PyObject_GetAttrString(tasks, "current_task");
+    PyObject *task_type = PyObject_GetAttrString(tasks, "Task");
+    if (task_type && PyType_Check(task_type)) {
+        st->task_type = (PyTypeObject *)task_type;
+        st->task_cancelling = PyObject_GetAttrString(task_type, "cancelling");
+        if (!st->task_cancelling) PyErr_Clear();
+    } else {
+        Py_XDECREF(task_type);
+        PyErr_Clear();
+    }
     PyObject *ct = PyObject_GetAttrString(tasks, "_current_tasks");
     Py_DECREF(tasks);
     if (!st->current_task) return -1;
@@ -1792,7 +2440,16 @@ static int core_exec(PyObject *m) {
     INTERN(str_cancelling, "cancelling");
     INTERN(str_uncancel, "uncancel");
     INTERN(str_cancel, "cancel");
+    INTERN(str_cr_await, "cr_await");
+    INTERN(str_close, "close");
+    INTERN(str_throw, "throw");
 #undef INTERN
+#if PY_VERSION_HEX >= 0x030C0000
+    st->WaitFor_Type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &WaitFor_spec, NULL);
+    if (!st->WaitFor_Type || PyModule_AddType(m, st->WaitFor_Type) < 0) return -1;
+    for (PyGetSetDef *g = PyCoro_Type.tp_getset; g && g->name; g++)
+        if (strcmp(g->name, "cr_await") == 0 && !g->closure) st->coro_await_getter = g->get;
+#endif
     PyObject *base_events = PyImport_ImportModule("asyncio.base_events");
     if (!base_events) return -1;
     PyObject *bel = PyObject_GetAttrString(base_events, "BaseEventLoop");
@@ -1818,6 +2475,10 @@ static int core_traverse(PyObject *m, visitproc visit, void *arg) {
     Py_VISIT(st->Ready_Type);
     Py_VISIT(st->ready_none);
     Py_VISIT(st->stop_iteration);
+    Py_VISIT(st->WaitFor_Type);
+    Py_VISIT(st->wait_for_nonpositive);
+    Py_VISIT(st->task_type);
+    Py_VISIT(st->task_cancelling);
     Py_VISIT(st->current_tasks);
     Py_VISIT(st->current_task);
     Py_VISIT(st->CancelledError);
@@ -1845,6 +2506,14 @@ static int core_clear(PyObject *m) {
         st->ready_spare = NULL;
     }
     Py_CLEAR(st->stop_iteration);
+    while (st->timeout_nfree > 0) PyObject_GC_Del(st->timeout_free[--st->timeout_nfree]);
+    Py_CLEAR(st->WaitFor_Type);
+    Py_CLEAR(st->wait_for_nonpositive);
+    Py_CLEAR(st->task_type);
+    Py_CLEAR(st->task_cancelling);
+    Py_CLEAR(st->str_cr_await);
+    Py_CLEAR(st->str_close);
+    Py_CLEAR(st->str_throw);
     Py_CLEAR(st->current_tasks);
     Py_CLEAR(st->current_task);
     Py_CLEAR(st->CancelledError);

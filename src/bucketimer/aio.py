@@ -24,10 +24,11 @@ They work on any loop with ``add_reader`` (the stock selector loop, uvloop,
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import sys
 from asyncio import events, exceptions, futures, tasks
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from . import _core
@@ -88,16 +89,26 @@ async def _wait_for_nonpositive(fut: Awaitable[_T], loop: Any) -> _T:
 
 
 if sys.version_info >= (3, 12):
+    # asyncio.wait_for as of 3.12: the awaitable is awaited in this task,
+    # inside timeout().  On timeout it is cancelled and TimeoutError raised;
+    # if it swallows the cancellation and returns a value, that value is
+    # returned.  _core.wait_for is that coroutine written in C (see
+    # _core.c); timeout <= 0 runs _wait_for_nonpositive.
+    _core._set_wait_for_nonpositive(_wait_for_nonpositive)
+    collections.abc.Coroutine.register(_core.WaitFor)
 
-    async def wait_for(fut: Awaitable[_T], timeout: float | None) -> _T:
-        """``asyncio.wait_for`` as of 3.12: the awaitable is awaited in this
-        task, inside :func:`timeout`.  On timeout it is cancelled and
-        ``TimeoutError`` raised; if it swallows the cancellation and returns
-        a value, that value is returned."""
-        if timeout is not None and timeout <= 0:
-            return await _wait_for_nonpositive(fut, _get_running_loop())
-        async with _timeout_cm(timeout):
-            return await fut
+    def wait_for(fut: Awaitable[_T], timeout: float | None) -> Coroutine[Any, Any, _T]:
+        """Wait for ``fut`` to complete, with a timeout (``asyncio.wait_for``).
+
+        The awaitable is awaited in the calling task inside
+        :func:`timeout`: on timeout it is cancelled and ``TimeoutError``
+        raised (if it swallows the cancellation and returns a value, that
+        value is returned).  ``timeout=None`` waits without limit; ``<= 0``
+        gives a coroutine no chance to run.  Returns a coroutine (a C one:
+        ``asyncio.iscoroutine()`` is true of it, ``inspect.iscoroutine()``
+        is not).
+        """
+        return _core.wait_for(fut, timeout)
 
 else:
 
