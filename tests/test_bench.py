@@ -71,6 +71,8 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
                 "core_scaling@2", "core_pending"}
     if bench._suite.find_timeout() is not None:
         expected.add("timeout")
+    if bench._suite.find_timeout("wait_for") is not None:
+        expected.add("wait_for")
     assert expected <= workloads
     for w in expected:
         b = by[(w, "bucketimer")]

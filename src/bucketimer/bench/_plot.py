@@ -120,9 +120,10 @@ def _bars(ax: Any, rows: list[dict[str, Any]], workloads: Sequence[str],
 
 def panel_timeout(ax: Any, recs: list[dict[str, Any]]) -> None:
     rows = _by(recs, group="timeout")
-    allv = _bars(ax, rows, ["timeout"], ["async with timeout(30): pass"])
-    _ns_axis(ax, allv, "time per enter + exit (median)")
-    ax.set_title("timeout context manager")
+    allv = _bars(ax, rows, ["timeout", "wait_for"],
+                 ["async with timeout(30): pass", "await wait_for(coro(), 30)"])
+    _ns_axis(ax, allv, "time per call (median)")
+    ax.set_title("timeout helpers")
 
 
 def panel_lateness(ax: Any, recs: list[dict[str, Any]]) -> None:

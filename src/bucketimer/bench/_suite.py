@@ -29,6 +29,7 @@ import platform
 import queue
 import random
 import sched
+import statistics
 import sys
 import threading
 import time
@@ -238,11 +239,12 @@ def _try_import(name: str) -> Any:
         return None
 
 
-def find_timeout() -> Callable[[float], Any] | None:
-    """``bucketimer.aio.timeout`` when that module exists."""
+def find_timeout(attr: str = "timeout") -> Callable[..., Any] | None:
+    """``bucketimer.aio.timeout`` (or another helper, ``attr``) when that
+    module exists."""
     for name in ("bucketimer.aio", "bucketimer.asyncio"):
         mod = _try_import(name)
-        fn = getattr(mod, "timeout", None) if mod is not None else None
+        fn = getattr(mod, attr, None) if mod is not None else None
         if callable(fn):
             return fn
     return None
@@ -331,6 +333,7 @@ class Runner:
                 continue
             self.loops[name] = factory
         self.timeout_fn = find_timeout()
+        self.wait_for_fn = find_timeout("wait_for")
         self._progress_enabled = progress
         self.progress: Progress | None = None
 
@@ -342,7 +345,7 @@ class Runner:
         if "pairs" in self.groups:
             steps += len(s.pending) * nloops * s.rounds
         if "timeout" in self.groups:
-            steps += nloops * s.rounds
+            steps += 2 * nloops * s.rounds
         if "lateness" in self.groups:
             steps += nloops * s.rounds
         if "noloop" in self.groups:
@@ -412,6 +415,29 @@ class Runner:
                 samples = self._in_loop(name, lambda t, p=pending, n=name: self._pairs_coro(t, p, n))
                 self.add(make_record("pairs", workload, label, name, "ns", "lower", samples,
                                      per_round=s.pairs, pending=pending))
+        self._pairs_floor()
+
+    def _pairs_floor(self) -> None:
+        """What no pair from Python can go below on this interpreter: one C
+        call that makes an object and one method call on it, in the same
+        loop shape.  Said in a note, beside the stock loop's pair."""
+        s = self.suite
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(_floor_round(min(s.pairs, 2000), s.batch))
+            floor = statistics.median(loop.run_until_complete(_floor_round(s.pairs, s.batch))
+                                      for _ in range(s.rounds))
+        finally:
+            loop.close()
+        stock = [r for r in self.records if r["workload"] == "pairs@0" and r["contender"] == ASYNCIO]
+        msg = (f"floor: `complex(30.0, 1.0).conjugate()` in the same loop takes {floor:.0f} ns "
+               f"(a C call that makes an object, then a method call on it): no "
+               f"call_later(...).cancel() from Python can cost less")
+        if stock:
+            a = stock[0]["median"]
+            msg += (f"; against asyncio's {a:.0f} ns pair that floor is x{a / floor:.1f}, "
+                    f"so x15 would need a pair of {a / 15:.0f} ns")
+        self.notes.append(msg)
 
     async def _pairs_coro(self, timers: _Timers, pending: int, name: str) -> list[float]:
         s = self.suite
@@ -442,31 +468,42 @@ class Runner:
     # -- 2. timeout()
 
     def run_timeouts(self) -> None:
+        """``async with timeout(30): pass`` and ``await wait_for(coro(), 30)``
+        of a coroutine that returns at once: bucketimer's helpers on the
+        stock loop, asyncio's on every loop."""
         s = self.suite
-        if self.timeout_fn is None:
-            self.notes.append("bucketimer.aio.timeout() is not available: the timeout() "
-                              "row has no bucketimer column (nor ratios)")
-        for name in self.loops:
-            if name == BUCKETIMER:
-                if self.timeout_fn is None:
-                    for _ in range(s.rounds):
-                        self._step("timeout (skipped)")
-                    continue
-                cm = self.timeout_fn
-            else:
-                cm = asyncio.timeout
-            samples = self._in_loop(name, lambda t, c=cm, n=name: self._timeout_coro(c, n))
-            self.add(make_record("timeout", "timeout", "async with timeout(30): pass",
-                                 name, "ns", "lower", samples, per_round=s.timeouts))
+        rows = (("timeout", "async with timeout(30): pass", self.timeout_fn, asyncio.timeout,
+                 _timeout_round),
+                ("wait_for", "await wait_for(coro(), 30)", self.wait_for_fn, asyncio.wait_for,
+                 _wait_for_round))
+        for workload, label, ours, reference, round_fn in rows:
+            if ours is None:
+                self.notes.append(f"bucketimer.aio.{workload}() is not available: the "
+                                  f"{workload}() row has no bucketimer column (nor ratios)")
+            for name in self.loops:
+                if name == BUCKETIMER:
+                    if ours is None:
+                        for _ in range(s.rounds):
+                            self._step(f"{workload} (skipped)")
+                        continue
+                    fn = ours
+                else:
+                    fn = reference
+                samples = self._in_loop(
+                    name, lambda t, f=fn, n=name, r=round_fn, w=workload:
+                    self._helper_coro(r, f, f"{w} {n}"))
+                self.add(make_record("timeout", workload, label, name, "ns", "lower", samples,
+                                     per_round=s.timeouts))
 
-    async def _timeout_coro(self, cm: Callable[[float], Any], name: str) -> list[float]:
+    async def _helper_coro(self, round_fn: Callable[[Callable[..., Any], int], Any],
+                           fn: Callable[..., Any], what: str) -> list[float]:
         s = self.suite
-        await _timeout_round(cm, min(s.timeouts, 500))
+        await round_fn(fn, min(s.timeouts, 500))  # warm-up
         samples = []
         for _ in range(s.rounds):
             gc.collect()
-            samples.append(await _timeout_round(cm, s.timeouts))
-            self._step(f"timeout {name}")
+            samples.append(await round_fn(fn, s.timeouts))
+            self._step(what)
         return samples
 
     # -- 3. firing lateness in a loop
@@ -676,6 +713,26 @@ async def _pairs_round(call_later: Callable[..., Any], n: int, batch: int) -> fl
     return (t1 - t0) / (loops * batch)
 
 
+async def _floor_round(n: int, batch: int) -> float:
+    """_pairs_round's loop around the cheapest C call + method call."""
+    make = complex
+    delay = PAIR_DELAY
+    sleep = asyncio.sleep
+    inner = range(batch)
+    loops = max(1, n // batch)
+    gc.disable()
+    try:
+        t0 = perf_counter_ns()
+        for _ in range(loops):
+            for _ in inner:
+                make(delay, 1.0).conjugate()
+            await sleep(0)
+        t1 = perf_counter_ns()
+    finally:
+        gc.enable()
+    return (t1 - t0) / (loops * batch)
+
+
 async def _timeout_round(cm: Callable[[float], Any], n: int) -> float:
     gc.disable()
     try:
@@ -683,6 +740,23 @@ async def _timeout_round(cm: Callable[[float], Any], n: int) -> float:
         for _ in range(n):
             async with cm(PAIR_DELAY):
                 pass
+        t1 = perf_counter_ns()
+    finally:
+        gc.enable()
+    return (t1 - t0) / n
+
+
+async def _returns_at_once() -> int:
+    return 1
+
+
+async def _wait_for_round(wait_for: Callable[..., Any], n: int) -> float:
+    coro = _returns_at_once
+    gc.disable()
+    try:
+        t0 = perf_counter_ns()
+        for _ in range(n):
+            await wait_for(coro(), PAIR_DELAY)
         t1 = perf_counter_ns()
     finally:
         gc.enable()
