@@ -49,10 +49,21 @@ int bt__forked(const bt_timer_thread *tt) { return forked(tt); }
 
 /* ---- the calling thread's bucket (rule 3) --------------------------------
  * Thread-local, assigned round robin on first use: timers of one thread stay
- * together, and two threads rarely share a lock. */
+ * together, and two threads rarely share a lock.
+ *
+ * The index uses the initial-exec TLS model: in a shared object the default
+ * model calls __tls_get_addr on every access, twice per schedule+cancel
+ * pair; initial-exec reads it at a fixed offset from the thread pointer
+ * (glibc keeps static TLS room for dlopen()ed objects' few bytes). */
+
+#if defined(__GNUC__) || defined(__clang__)
+#define BT_TLS_IE __attribute__((tls_model("initial-exec")))
+#else
+#define BT_TLS_IE
+#endif
 
 static _Atomic uint32_t next_thread_index;
-static _Thread_local uint32_t thread_index_plus_one;
+static _Thread_local uint32_t thread_index_plus_one BT_TLS_IE;
 
 static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
     uint32_t i = thread_index_plus_one;
@@ -60,7 +71,8 @@ static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
         i = atomic_fetch_add_explicit(&next_thread_index, 1, memory_order_relaxed) + 1;
         thread_index_plus_one = i;
     }
-    return (i - 1) % tt->nbuckets;
+    uint32_t k = i - 1;
+    return k < tt->nbuckets ? k : k % tt->nbuckets; /* no division for the first threads */
 }
 
 /* ---- options and creation ------------------------------------------------ */
