@@ -470,41 +470,46 @@ class Runner:
     def run_timeouts(self) -> None:
         """``async with timeout(30): pass`` and ``await wait_for(coro(), 30)``
         of a coroutine that returns at once: bucketimer's helpers on the
-        stock loop, asyncio's on every loop."""
+        stock loop, asyncio's on every loop.
+
+        The columns take turns round by round (each on its own loop), so that
+        a machine whose speed drifts during the run (a shared VM) moves every
+        column of a round alike and the ratios stay meaningful."""
         s = self.suite
         rows = (("timeout", "async with timeout(30): pass", self.timeout_fn, asyncio.timeout,
                  _timeout_round),
                 ("wait_for", "await wait_for(coro(), 30)", self.wait_for_fn, asyncio.wait_for,
                  _wait_for_round))
-        for workload, label, ours, reference, round_fn in rows:
-            if ours is None:
-                self.notes.append(f"bucketimer.aio.{workload}() is not available: the "
-                                  f"{workload}() row has no bucketimer column (nor ratios)")
-            for name in self.loops:
-                if name == BUCKETIMER:
-                    if ours is None:
+        loops = {name: factory() for name, factory in self.loops.items()}
+        try:
+            for workload, label, ours, reference, round_fn in rows:
+                fns = {}
+                for name in loops:
+                    if name != BUCKETIMER:
+                        fns[name] = reference
+                    elif ours is not None:
+                        fns[name] = ours
+                    else:
+                        self.notes.append(f"bucketimer.aio.{workload}() is not available: the "
+                                          f"{workload}() row has no bucketimer column (nor ratios)")
                         for _ in range(s.rounds):
                             self._step(f"{workload} (skipped)")
-                        continue
-                    fn = ours
-                else:
-                    fn = reference
-                samples = self._in_loop(
-                    name, lambda t, f=fn, n=name, r=round_fn, w=workload:
-                    self._helper_coro(r, f, f"{w} {n}"))
-                self.add(make_record("timeout", workload, label, name, "ns", "lower", samples,
-                                     per_round=s.timeouts))
-
-    async def _helper_coro(self, round_fn: Callable[[Callable[..., Any], int], Any],
-                           fn: Callable[..., Any], what: str) -> list[float]:
-        s = self.suite
-        await round_fn(fn, min(s.timeouts, 500))  # warm-up
-        samples = []
-        for _ in range(s.rounds):
-            gc.collect()
-            samples.append(await round_fn(fn, s.timeouts))
-            self._step(what)
-        return samples
+                for name, fn in fns.items():  # warm-up
+                    loops[name].run_until_complete(round_fn(fn, min(s.timeouts, 500)))
+                samples: dict[str, list[float]] = {name: [] for name in fns}
+                order = list(fns)
+                for i in range(s.rounds):
+                    for name in order[i % len(order):] + order[:i % len(order)]:
+                        gc.collect()
+                        samples[name].append(
+                            loops[name].run_until_complete(round_fn(fns[name], s.timeouts)))
+                        self._step(f"{workload} {name}")
+                for name in fns:
+                    self.add(make_record("timeout", workload, label, name, "ns", "lower",
+                                         samples[name], per_round=s.timeouts))
+        finally:
+            for loop in loops.values():
+                loop.close()
 
     # -- 3. firing lateness in a loop
 
