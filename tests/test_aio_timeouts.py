@@ -699,8 +699,9 @@ def test_error_unrelated_to_timeout(t, run):
 
 
 def test_callback_runs_in_task_context(t, run):
-    """The expiry callback runs in a copy of the context active at enter;
-    it must not leak into or break the task's context."""
+    """The expiry callback (asyncio: in a copy of the context active at
+    enter; bucketimer: task.cancel() without entering one) must not leak
+    into or break the task's context."""
     var = contextvars.ContextVar("var", default="unset")
 
     async def main():
