@@ -2536,11 +2536,14 @@ static int core_clear(PyObject *m) {
 
 static void core_free(void *m) { core_clear((PyObject *)m); }
 
+/* No Py_mod_gil slot: a free-threaded CPython re-enables the GIL when it
+ * imports this module (and says so).  The per-object paths are written for
+ * it (atomic handle states, the free lists compiled out), but the module
+ * state's caches (the default TimerThread, the loop-type time check) are
+ * updated without a lock, and no free-threaded build exists here to test
+ * a claim that they need none. */
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
-#if PY_VERSION_HEX >= 0x030D0000
-    {Py_mod_gil, Py_MOD_GIL_NOT_USED},
-#endif
     {0, NULL}};
 
 static struct PyModuleDef core_module = {
