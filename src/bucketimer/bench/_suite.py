@@ -29,7 +29,6 @@ import platform
 import queue
 import random
 import sched
-import statistics
 import sys
 import threading
 import time
@@ -408,79 +407,73 @@ class Runner:
     # -- 1. schedule+cancel pairs in a running loop
 
     def run_pairs(self) -> None:
+        """Pairs of every contender at every pending level.  Each (contender,
+        level) has its own loop -- and, for bucketimer's columns, its own
+        TimerThread -- all set up at once (about 1 GB with a million pending
+        per column), and they take turns round by round: both the ratios
+        between columns and the flatness from 0 to 1 000 000 pending are
+        read off rounds taken at the same moments, whatever the speed of a
+        shared machine does meanwhile."""
         s = self.suite
-        for pending in s.pending:
-            workload = f"pairs@{pending}"
-            label = f"pairs in a loop, {count_label(pending)} pending"
+        targets: dict[tuple[str, int], tuple[asyncio.AbstractEventLoop, Callable[..., Any], Any]] = {}
+        keeps: dict[tuple[str, int], list[Any]] = {}
+        owned_tts: list[Any] = []
+        try:
             for name in self.loops:
-                samples = self._in_loop(name, lambda t, p=pending, n=name: self._pairs_coro(t, p, n))
-                self.add(make_record("pairs", workload, label, name, "ns", "lower", samples,
-                                     per_round=s.pairs, pending=pending))
-        self._pairs_floor()
-
-    def _pairs_floor(self) -> None:
-        """What no pair from Python can go below on this interpreter: one C
-        call that makes an object and one method call on it, in the same
-        loop shape.  Measured in rounds interleaved with the stock loop's
-        pair and the drop-in loop's (nothing pending), so that the three
-        figures of the note come from the same moments of the run."""
-        s = self.suite
-        loops = {"floor": asyncio.new_event_loop(), ASYNCIO: asyncio.new_event_loop()}
-        if DROPIN in self.loops:
-            loops[DROPIN] = self.loops[DROPIN]()
-        bodies = {"floor": lambda n: _floor_round(n, s.batch),
-                  ASYNCIO: lambda n: _pairs_round(loops[ASYNCIO].call_later, n, s.batch)}
-        if DROPIN in loops:
-            bodies[DROPIN] = lambda n: _pairs_round(loops[DROPIN].call_later, n, s.batch)
-        medians: dict[str, float] = {}
-        try:
-            for name, body in bodies.items():  # warm-up
-                loops[name].run_until_complete(body(min(s.pairs, 2000)))
-            samples: dict[str, list[float]] = {name: [] for name in bodies}
-            for _ in range(s.rounds):
-                for name, body in bodies.items():
-                    samples[name].append(loops[name].run_until_complete(body(s.pairs)))
-            medians = {name: statistics.median(v) for name, v in samples.items()}
-        finally:
-            for loop in loops.values():
-                loop.close()
-        floor, stock = medians["floor"], medians[ASYNCIO]
-        msg = (f"floor: in rounds interleaved with the pairs at 0 pending, "
-               f"`complex(30.0, 1.0).conjugate()` took {floor:.0f} ns (a C call that makes "
-               f"an object, then a method call on it: no call_later(...).cancel() from "
-               f"Python costs less) and the stock loop's pair {stock:.0f} ns (x{stock / floor:.1f} "
-               f"the floor)")
-        if DROPIN in medians:
-            d = medians[DROPIN]
-            msg += f"; the drop-in loop's pair {d:.0f} ns (x{stock / d:.1f} faster than stock)"
-        self.notes.append(msg)
-
-    async def _pairs_coro(self, timers: _Timers, pending: int, name: str) -> list[float]:
-        s = self.suite
-        call_later = timers.call_later
-        keep = []
-        if pending:
-            rng = random.Random(pending)
-            span = PENDING_MAX - PENDING_MIN
-            keep = [call_later(PENDING_MIN + span * rng.random(), _noop) for _ in range(pending)]
-            await _settle(timers.timer_thread)  # let a timer thread take them in
-        gc.collect()
-        gc.freeze()  # the pending handles: out of the collector's way
-        try:
-            await _pairs_round(call_later, min(s.pairs, 2000), s.batch)  # warm-up
-            samples = []
-            for _ in range(s.rounds):
-                samples.append(await _pairs_round(call_later, s.pairs, s.batch))
-                self._step(f"pairs {count_label(pending)} {name}")
-            return samples
+                for pending in s.pending:
+                    loop, call_later, tt = self._pairs_target(name, owned_tts)
+                    targets[(name, pending)] = (loop, call_later, tt)
+                    keeps[(name, pending)] = loop.run_until_complete(
+                        _fill(call_later, pending, tt))
+            gc.collect()
+            gc.freeze()  # the pending handles: out of the collector's way
+            for loop, call_later, _ in targets.values():  # warm-up
+                loop.run_until_complete(_pairs_round(call_later, min(s.pairs, 2000), s.batch))
+            samples: dict[tuple[str, int], list[float]] = {k: [] for k in targets}
+            order = list(targets)
+            for i in range(s.rounds):
+                for key in order[i % len(order):] + order[:i % len(order)]:
+                    loop, call_later, _ = targets[key]
+                    samples[key].append(
+                        loop.run_until_complete(_pairs_round(call_later, s.pairs, s.batch)))
+                    self._step(f"pairs {count_label(key[1])} {key[0]}")
         finally:
             gc.unfreeze()
-            # Cancel what was pending (untimed), so that nothing lingers in a
-            # shared timer thread (the drop-in loop's) after this loop closes.
-            for h in keep:
-                h.cancel()
-            del keep
-            await _settle(timers.timer_thread)
+            # Cancel what was pending (untimed): nothing may linger in a
+            # shared timer thread after these loops close.
+            for key, (loop, _, tt) in targets.items():
+                for h in keeps.pop(key, ()):
+                    h.cancel()
+                if not loop.is_closed():
+                    loop.run_until_complete(_settle(tt))
+                    loop.close()
+            for tt in owned_tts:
+                tt.close()
+        for pending in s.pending:
+            for name in self.loops:
+                self.add(make_record("pairs", f"pairs@{pending}",
+                                     f"pairs in a loop, {count_label(pending)} pending", name,
+                                     "ns", "lower", samples[(name, pending)], per_round=s.pairs,
+                                     pending=pending))
+
+    def _pairs_target(self, name: str, owned_tts: list[Any]
+                      ) -> tuple[asyncio.AbstractEventLoop, Callable[..., Any], Any]:
+        """A fresh loop for contender ``name`` and the call_later measured on
+        it; bucketimer's columns get a TimerThread of their own."""
+        if name in (BUCKETIMER, DROPIN):
+            import bucketimer
+
+            tt = bucketimer.TimerThread()
+            owned_tts.append(tt)
+            if name == BUCKETIMER:
+                return asyncio.new_event_loop(), tt.call_later, tt
+            mod = _try_import("bucketimer.loop")
+            cls = getattr(mod, "EventLoop", None) if mod is not None else None
+            if cls is not None:
+                loop = cls(timer_thread=tt)
+                return loop, loop.call_later, tt
+        loop = self.loops[name]()
+        return loop, loop.call_later, getattr(loop, "timer_thread", None)
 
     # -- 2. timeout()
 
@@ -737,6 +730,15 @@ async def _pairs_round(call_later: Callable[..., Any], n: int, batch: int) -> fl
     return (t1 - t0) / (loops * batch)
 
 
+async def _fill(call_later: Callable[..., Any], pending: int, tt: Any) -> list[Any]:
+    """``pending`` timers due 60-120 s from now (never during a run)."""
+    rng = random.Random(pending)
+    span = PENDING_MAX - PENDING_MIN
+    keep = [call_later(PENDING_MIN + span * rng.random(), _noop) for _ in range(pending)]
+    await _settle(tt)  # let a timer thread take them in
+    return keep
+
+
 async def _settle(tt: Any, limit: float = 10.0) -> None:
     """Waits (untimed) until a bucketimer TimerThread has caught up: the
     timers just scheduled are in its heap and the ones just cancelled are
@@ -752,26 +754,6 @@ async def _settle(tt: Any, limit: float = 10.0) -> None:
         if st.get("dead", 0) < 4096 and st.get("list_size", 0) < 2 * 4096:
             return
         await asyncio.sleep(0.02)
-
-
-async def _floor_round(n: int, batch: int) -> float:
-    """_pairs_round's loop around the cheapest C call + method call."""
-    make = complex
-    delay = PAIR_DELAY
-    sleep = asyncio.sleep
-    inner = range(batch)
-    loops = max(1, n // batch)
-    gc.disable()
-    try:
-        t0 = perf_counter_ns()
-        for _ in range(loops):
-            for _ in inner:
-                make(delay, 1.0).conjugate()
-            await sleep(0)
-        t1 = perf_counter_ns()
-    finally:
-        gc.enable()
-    return (t1 - t0) / (loops * batch)
 
 
 async def _timeout_round(cm: Callable[[float], Any], n: int) -> float:
