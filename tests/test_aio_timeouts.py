@@ -10,10 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import decimal
+import fractions
+import math
 import sys
 import types
 
 import pytest
+from _helpers import examples
+from hypothesis import given
+from hypothesis import strategies as st
 
 import bucketimer
 from bucketimer import aio
@@ -1133,3 +1139,95 @@ def test_c_wait_for_never_awaited_warns():
 
         gc.collect()
     coro.close()
+
+
+# -- any delay: the same outcome as asyncio's (property-based) -------------------------------
+
+_DELAYS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=True, width=64),
+    st.floats(min_value=-1e-3, max_value=0.02),
+    st.integers(min_value=-(2**1100), max_value=2**1100),
+    st.integers(min_value=-3, max_value=3),
+    st.decimals(allow_nan=False, places=3, min_value=-1, max_value=1),
+    st.fractions(min_value=-1, max_value=1, max_denominator=100),
+    st.sampled_from(["1", b"1", 1j, [], object()]),
+)
+
+
+def _outcome(make):
+    """("ok", value) or ("raises", exception type) of awaiting make()."""
+
+    async def one():
+        try:
+            return "ok", await make()
+        except BaseException as e:  # the type is the answer
+            return "raises", type(e)
+
+    return one
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@examples(default=60, slow=400)
+@given(delay=_DELAYS, sleeps=st.booleans())
+def test_any_delay_same_outcome_as_asyncio(delay, sleeps):
+    """timeout(d) and wait_for(aw, d) end as asyncio's do for the same d, for
+    numbers of every kind and size and for things that are not numbers:
+    the value, TimeoutError, or the same exception type (TypeError,
+    OverflowError).  The awaited coroutine either returns at once or sleeps
+    5 ms.  (NaN is left out: see test_nan_delay_is_an_error.)"""
+
+    async def work():
+        if sleeps:
+            await asyncio.sleep(0.005)
+        return "done"
+
+    def in_timeout(timeout):
+        async def run():
+            async with timeout(delay):
+                return await work()
+
+        return run
+
+    def with_wait_for(wait_for):
+        async def run():
+            return await wait_for(work(), delay)
+
+        return run
+
+    async def main():
+        got = []
+        for ours, ref in ((aio.timeout, asyncio.timeout), (aio.wait_for, asyncio.wait_for)):
+            make = in_timeout if ours is aio.timeout else with_wait_for
+            got.append((await _outcome(make(ours))(), await _outcome(make(ref))()))
+        return got
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        for ours, ref in r.run(main()):
+            if ref == ("raises", TimeoutError) and ours == ("ok", "done") or \
+                    ours == ("raises", TimeoutError) and ref == ("ok", "done"):
+                # a deadline within the 5 ms sleep can go either way
+                assert sleeps and isinstance(delay, (int, float, decimal.Decimal,
+                                                     fractions.Fraction)) and 0 < delay < 0.05
+                continue
+            assert ours == ref, (delay, ours, ref)
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+def test_nan_delay_is_an_error():
+    """asyncio takes a NaN deadline (and arms a timer that never orders
+    properly in its heap); bucketimer refuses it with ValueError, as every
+    other bucketimer API does, and leaves the task as it was."""
+
+    async def main():
+        for make in (lambda: aio.timeout(math.nan), lambda: aio.timeout_at(math.nan)):
+            with pytest.raises(ValueError, match="NaN"):
+                async with make():
+                    pass
+        with pytest.raises(ValueError, match="NaN"):
+            await aio.wait_for(asyncio.sleep(0), math.nan)
+        return asyncio.current_task().cancelling()
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        assert r.run(main()) == 0
