@@ -1011,6 +1011,27 @@ def test_wait_for_dropped_while_suspended_disarms_timer(t, run, how):
     assert run(main()) == 0
 
 
+def test_wait_for_timeout_error_chain_inside_except(t, run):
+    """Awaited inside an ``except`` block, the TimeoutError has the timeout's
+    CancelledError as its cause, and from 3.12 (the interpreter chains it as
+    it enters the awaiting frame) the exception being handled there as its
+    context."""
+
+    async def main():
+        try:
+            raise KeyError("being handled")
+        except KeyError:
+            try:
+                await t.wait_for(asyncio.sleep(10), 0.01)
+            except TimeoutError as e:
+                return type(e.__cause__), type(e.__context__), e.__suppress_context__
+
+    # 3.11's wait_for raises it in its own frame, after which nothing
+    # chains it again on the way into the awaiting one
+    assert run(main()) == (asyncio.CancelledError, KeyError if PY312 else asyncio.CancelledError,
+                           True)
+
+
 # -- bucketimer specifics (not in the reference) --------------------------------------------
 
 

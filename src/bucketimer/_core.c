@@ -1919,7 +1919,14 @@ static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject
         PyObject *exc = PyErr_GetRaisedException();
         PyObject *tb = PyException_GetTraceback(exc);
         PyObject *args[3] = {(PyObject *)Py_TYPE(exc), exc, tb ? tb : Py_None};
+        /* __aexit__ runs while `exc` is the exception being handled, as in
+         * the `async with` it stands for: what it raises gets `exc` as
+         * __context__, not whatever the awaiting code was handling. */
+        PyObject *handled = PyErr_GetHandledException();
+        PyErr_SetHandledException(exc);
         x = Timeout_aexit((TimeoutObject *)tm, args, 3);
+        PyErr_SetHandledException(handled);
+        Py_XDECREF(handled);
         Py_XDECREF(tb);
         if (x) PyErr_SetRaisedException(exc); /* __aexit__ never swallows */
         else raise_with_context(PyErr_GetRaisedException(), exc);
