@@ -56,6 +56,10 @@ def _ns_axis(ax: Any, values: Sequence[float], label: str, log: bool | None = No
         v = [x for x in values if x and x > 0 and not math.isnan(x)]
         if v and max(v) / min(v) < 300:  # under ~2 decades: label 1, 2, 5 x 10^k
             ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        if v and ax.get_ylim()[0] > min(v) / 2:
+            # a bar starts at the bottom of a log axis: leave room under the
+            # smallest, or it shows as a sliver
+            ax.set_ylim(bottom=min(v) / 2)
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_value(y, "ns")))
 

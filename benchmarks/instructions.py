@@ -1,0 +1,94 @@
+"""Instructions per operation, bucketimer against asyncio, counted by valgrind.
+
+Wall-clock figures on a shared VM drift (this project's machine changes speed
+by up to 1.5x within a minute); instruction counts do not: callgrind gives the
+same total for the same binary, input and environment whatever else the
+machine does.  They are not time -- a cache miss costs more than an add --
+but their ratios tell whether a change made an operation do less work.
+
+    python benchmarks/instructions.py            # needs valgrind on PATH
+
+Each operation runs N and 2N times in a fresh interpreter under
+``valgrind --tool=callgrind``; the difference over N is its cost, start-up and
+the loop's set-up cancelling out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+N = 5000
+
+SNIPPET = r"""
+import asyncio, gc, sys
+import bucketimer
+from bucketimer import aio
+op, n = sys.argv[1], int(sys.argv[2])
+def cb(): pass
+async def ret(): return 1
+async def main():
+    gc.disable()
+    loop = asyncio.get_running_loop()
+    if op.startswith("timeout"):
+        cm = aio.timeout if op.endswith("bucketimer") else asyncio.timeout
+        for _ in range(n):
+            async with cm(30): pass
+    elif op.startswith("wait_for"):
+        wf = aio.wait_for if op.endswith("bucketimer") else asyncio.wait_for
+        for _ in range(n):
+            await wf(ret(), 30)
+    else:
+        cl = loop.call_later
+        for _ in range(n):
+            cl(30.0, cb).cancel()
+factory = bucketimer.new_event_loop if op == "pair/drop-in" else asyncio.SelectorEventLoop
+with asyncio.Runner(loop_factory=factory) as r:
+    r.run(main())
+"""
+
+OPS = [
+    ("loop.call_later(30, cb).cancel()", "pair/asyncio", "pair/drop-in"),
+    ("async with timeout(30): pass", "timeout/asyncio", "timeout/bucketimer"),
+    ("await wait_for(coro(), 30)", "wait_for/asyncio", "wait_for/bucketimer"),
+]
+
+
+def instructions(script: str, op: str, n: int) -> int:
+    with tempfile.NamedTemporaryFile(suffix=".out") as out:
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
+                        sys.executable, script, op, str(n)],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(out.name) as f:
+            for line in f:
+                if line.startswith("summary:"):
+                    return int(line.split()[1])
+    raise RuntimeError(f"no summary line from callgrind for {op}")
+
+
+def per_op(script: str, op: str) -> float:
+    return (instructions(script, op, 2 * N) - instructions(script, op, N)) / N
+
+
+def main() -> int:
+    if shutil.which("valgrind") is None:
+        print("valgrind is not on PATH (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as d:
+        script = os.path.join(d, "ops.py")
+        with open(script, "w") as f:
+            f.write(SNIPPET)
+        print(f"instructions per operation, Python {sys.version.split()[0]} "
+              f"(valgrind callgrind, {N} vs {2 * N} runs)")
+        print(f"{'operation':36} {'asyncio':>10} {'bucketimer':>11} {'ratio':>7}")
+        for label, ref, ours in OPS:
+            a, b = per_op(script, ref), per_op(script, ours)
+            print(f"{label:36} {a:10,.0f} {b:11,.0f} {a / b:6.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
