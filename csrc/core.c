@@ -505,7 +505,16 @@ static void flush_posts(bt_timer_thread *tt) {
     }
 }
 
-/* Pops and fires every timer due at `now`.  Returns how many fired. */
+/* Counts what is staged, then hands it to the ports: a consumer that sees a
+ * timer run (or a native callback that reads the counters) then finds it in
+ * `fired`/`posted` too. */
+static void publish_posts(bt_timer_thread *tt, uint64_t *fired, uint64_t *posted) {
+    if (*fired) bt__bump(&tt->fired, *fired);
+    if (*posted) bt__bump(&tt->posted, *posted);
+    *fired = *posted = 0;
+    flush_posts(tt);
+}
+
 /* Pops and fires every timer due at `now`, dropping cancelled entries that
  * reach the top on the way.  At most dead_budget of those are dropped per
  * call: a million cancelled timers at the top would otherwise hold up, for
@@ -513,7 +522,7 @@ static void flush_posts(bt_timer_thread *tt) {
  * would put above them.  Sets *more when it stopped for that reason. */
 static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *chains,
                          size_t dead_budget, int *more) {
-    uint64_t fired = 0, posted = 0;
+    uint64_t fired = 0, posted = 0, total = 0;
     const struct bt__heap_entry *top;
     *more = 0;
     while ((top = bt__heap_top(&tt->heap)) != NULL) {
@@ -544,6 +553,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
             stage_post(tt, t);
             posted++;
             fired++;
+            total++;
         } else {
             if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
                                                          BT_WORD(gen, BT_S_RUNNING),
@@ -553,21 +563,20 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
                 continue;
             }
             fired++;
+            total++;
             int64_t late = bt__lateness(bt_time_ns(tt), t->deadline);
             if (late < 0) bt__bump(&tt->early_native, 1);
             bt__hist_add(tt->hist_native, late);
             /* Post what is staged first: a native callback may be slow. */
-            flush_posts(tt);
+            publish_posts(tt, &fired, &posted);
             t->fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);
             bt__bump(&tt->ran_native, 1);
             bt__slot_retire(t);
             bt__pool_free_chain(tt, t->bucket, t, t, 1);
         }
     }
-    flush_posts(tt);
-    bt__bump(&tt->fired, fired);
-    bt__bump(&tt->posted, posted);
-    return fired;
+    publish_posts(tt, &fired, &posted);
+    return total;
 }
 
 #define DEAD_POP_SLICE 2048

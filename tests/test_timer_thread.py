@@ -89,6 +89,26 @@ def test_fires_in_the_running_loop_in_the_captured_context(tt, run):
     assert tt.stats()["early_fires"] == 0
 
 
+def test_counters_count_a_timer_before_it_runs(tt, run):
+    """Once a timer's callback has run, stats() counts it as fired and
+    posted: the timer thread publishes its counters before it signals the
+    loop (it used to bump them after, which a slow machine could see)."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        base = tt.stats()
+        for i in range(1, 301):
+            fut = loop.create_future()
+            tt.call_later(0, fut.set_result, None)
+            await fut
+            s = tt.stats()
+            assert s["fired"] - base["fired"] >= i, (i, s)
+            assert s["posted"] - base["posted"] >= i, (i, s)
+        return "ok"
+
+    assert run(main) == "ok"
+
+
 def test_call_at_with_loop_time_never_fires_early(tt, run):
     async def main():
         loop = asyncio.get_running_loop()

@@ -152,6 +152,43 @@ static void test_ports_manual(void) {
     bt_destroy(tt);
 }
 
+/* What a native callback sees of the counters: itself counted as fired,
+ * and a port timer of the same pass counted as posted and already on its
+ * port.  (They were bumped after the whole pass, after the ports were
+ * signalled, so a consumer could run a timer that stats() did not show.) */
+struct seen {
+    bt_timer_thread *tt;
+    bt_port *port;
+    uint64_t fired, posted;
+    size_t on_port;
+};
+
+static void look(void *arg, uint64_t id) {
+    (void)id;
+    struct seen *w = arg;
+    bt_stats s;
+    bt_get_stats(w->tt, &s);
+    w->fired = s.fired;
+    w->posted = s.posted;
+    uint64_t out[4];
+    w->on_port = bt_port_drain_ids(w->port, out, 4);
+}
+
+static void test_counters_before_delivery(void) {
+    bt_timer_thread *tt = manual_core();
+    bt_port *p;
+    CHECK(bt_port_open(tt, 1, &p) == 0);
+    struct seen w = {tt, p, 0, 0, 0};
+    uint64_t a, b;
+    CHECK(bt_schedule_port(tt, 2000, p, (void *)1, &a) == 0);
+    CHECK(bt_schedule_native(tt, 2001, look, &w, &b) == 0);
+    CHECK(bt_advance(tt, 3000) == 2);
+    CHECK(w.fired == 2);   /* the port timer and itself */
+    CHECK(w.posted == 1);
+    CHECK(w.on_port == 1); /* handed over before the native callback ran */
+    bt_destroy(tt);
+}
+
 static void test_bad_input(void) {
     bt_timer_thread *tt = manual_core();
     uint64_t id;
@@ -327,6 +364,7 @@ int main(void) {
         {"manual_order_and_ties", test_manual_order_and_ties},
         {"stale_id_after_reuse", test_stale_id_after_reuse},
         {"ports_manual", test_ports_manual},
+        {"counters_before_delivery", test_counters_before_delivery},
         {"bad_input", test_bad_input},
         {"garbage_bounded", test_garbage_bounded},
         {"heap_sweep", test_heap_sweep},
