@@ -175,6 +175,15 @@ def _budget(context: Any, max_time: float | None) -> tuple[float, str, float] | 
     return now + (rem if rem > 0.0 else 0.0), "client", now
 
 
+def _budget_length(call: Any) -> float:
+    """A call's budget in seconds, for its DeadlineEvent: the server's
+    ``max_time`` exactly when that was the budget (``deadline - start`` of
+    two monotonic floats can come out as 0.09999999999854481 for 0.1)."""
+    if call._source == "max_time":
+        return float(call._ic._max_time)
+    return call._deadline - call._start
+
+
 def _safe_hook(hook: Callable[[Any], object], arg: Any, what: str) -> None:
     try:
         hook(arg)
@@ -475,7 +484,7 @@ class _DeadlineContext(grpc.ServicerContext):
 
     def _report(self, interrupted: bool) -> None:
         ic = self._ic
-        ev = DeadlineEvent(self._method, self._source, self._deadline - self._start,
+        ev = DeadlineEvent(self._method, self._source, _budget_length(self),
                            _monotonic() - self._start, interrupted=interrupted)
         _log_deadline(ev)
         if ic._on_deadline is not None:

@@ -45,6 +45,7 @@ from . import (
     DeadlineEvent,
     SlowCall,
     _budget,
+    _budget_length,
     _check_seconds,
     _deadline_var,
     _log_deadline,
@@ -265,7 +266,7 @@ class _AioDeadlineContext(grpc.aio.ServicerContext):
             return
         self._reported = True
         ic = self._ic
-        ev = DeadlineEvent(self._method, self._source, self._deadline - self._start,
+        ev = DeadlineEvent(self._method, self._source, _budget_length(self),
                            _monotonic() - self._start, cancelled=cancelled)
         _log_deadline(ev)
         if ic._on_deadline is not None:
