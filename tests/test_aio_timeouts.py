@@ -35,6 +35,12 @@ PY312 = sys.version_info >= (3, 12)
 # while handling the timeout's CancelledError.
 INSERTS_TIMEOUT_ERROR = hasattr(asyncio.timeouts.Timeout, "_insert_timeout_error")
 
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 IMPLS = {
     "asyncio": types.SimpleNamespace(
         name="asyncio",
@@ -1094,6 +1100,32 @@ def test_enter_value_when_stop_iteration_is_kept(t, run):
     assert held
     assert types_ == [t.Timeout] * 3
     assert distinct == 3
+
+
+def test_throw_into_enter_and_wait_for_by_hand(t, run):
+    """throw() by hand into __aenter__'s awaitable and into a wait_for that
+    has not started: the exception comes straight back, in both spellings,
+    and a value beside an instance is a TypeError."""
+
+    async def main():
+        got = []
+        aw = t.timeout(30).__aenter__().__await__()
+        with pytest.raises(KeyError) as ei:
+            aw.throw(KeyError("instance"))
+        got.append(ei.value.args)
+        fut = asyncio.get_running_loop().create_future()
+        c = t.wait_for(fut, 5)
+        with pytest.raises(KeyError) as ei:
+            c.throw(KeyError, "type and value")
+        got.append(ei.value.args)
+        c = t.wait_for(fut, 5)
+        with pytest.raises(TypeError):
+            c.throw(KeyError("instance"), "value")
+        c.close()
+        return got
+
+    with pytest.warns(DeprecationWarning) if PY312 and t.name == "asyncio" else _no_warning():
+        assert run(main()) == [("instance",), ("type and value",)]
 
 
 def test_timeout_not_kept_alive_after_exit(t, run):

@@ -522,13 +522,14 @@ static int run_handle(PortObject *self, HandleObject *h, int drop) {
     int result = 0;
     if (!drop && cb) {
         PyObject *res = NULL;
-        if (!ctx) {
+        /* A Timeout's expiry handle has no context (see schedule_resolved). */
+        if (!ctx || PyContext_Enter(ctx) == 0) {
             res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
-        } else if (PyContext_Enter(ctx) == 0) {
-            res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
-            PyObject *exc = res ? NULL : PyErr_GetRaisedException();
-            PyContext_Exit(ctx);
-            if (exc) PyErr_SetRaisedException(exc);
+            if (ctx) {
+                PyObject *exc = res ? NULL : PyErr_GetRaisedException();
+                PyContext_Exit(ctx);
+                if (exc) PyErr_SetRaisedException(exc);
+            }
         }
         if (res) {
             Py_DECREF(res);
@@ -1224,6 +1225,39 @@ static PyObject *Ready_iternext(ReadyObject *self) {
     return raise_stop_iteration(self->st, self->value);
 }
 
+/* The exception a coroutine's throw(exc) or throw(type[, value[, tb]]) is
+ * asked to raise, checked as generators check it; NULL with an error set. */
+static PyObject *throw_args_exception(PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "throw expected at least 1 argument, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None;
+    PyObject *tb = nargs > 2 ? args[2] : Py_None;
+    if (tb != Py_None && !PyTraceBack_Check(tb)) {
+        PyErr_SetString(PyExc_TypeError, "throw() third argument must be a traceback object");
+        return NULL;
+    }
+    if (PyExceptionInstance_Check(typ)) {
+        if (val != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "instance exception may not have a separate value");
+            return NULL;
+        }
+        PyErr_SetRaisedException(Py_NewRef(typ));
+    } else if (PyExceptionClass_Check(typ)) {
+        PyErr_SetObject(typ, val);
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "exceptions must be classes or instances deriving from BaseException, "
+                     "not %s",
+                     Py_TYPE(typ)->tp_name);
+        return NULL;
+    }
+    PyObject *exc = PyErr_GetRaisedException();
+    if (exc && tb != Py_None && PyException_SetTraceback(exc, tb) < 0) Py_CLEAR(exc);
+    return exc;
+}
+
 /* send(), throw() and close(), for code that drives an awaitable by hand
  * (as it would a coroutine): send() finishes it, throw() raises into the
  * caller, close() does nothing. */
@@ -1236,19 +1270,8 @@ static PyObject *Ready_send_method(ReadyObject *self, PyObject *Py_UNUSED(arg)) 
 }
 
 static PyObject *Ready_throw(ReadyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 3) {
-        PyErr_SetString(PyExc_TypeError, "throw expected 1 to 3 arguments");
-        return NULL;
-    }
-    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None;
-    if (PyExceptionInstance_Check(typ)) {
-        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
-    } else if (PyExceptionClass_Check(typ)) {
-        PyErr_SetObject(typ, val);
-    } else {
-        PyErr_SetString(PyExc_TypeError,
-                        "exceptions must be classes or instances deriving from BaseException");
-    }
+    PyObject *exc = throw_args_exception(args, nargs);
+    if (exc) PyErr_SetRaisedException(exc);
     return NULL;
 }
 
@@ -1528,13 +1551,10 @@ static PyObject *task_cancelling(core_state *st, PyObject *task) {
     return PyObject_CallMethodNoArgs(task, st->str_cancelling);
 }
 
-/* __aenter__ on the running `loop`; `now_ns` as for deadline_reached(). */
+/* __aenter__ of a Timeout not yet entered, on the running `loop`; `now_ns`
+ * as for deadline_reached(). */
 static int timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     core_state *st = self->st;
-    if (self->state != T_CREATED) {
-        PyErr_SetString(PyExc_RuntimeError, "Timeout has already been entered");
-        return -1;
-    }
     PyObject *task;
     if (st->current_tasks) {
         task = PyDict_GetItemWithError(st->current_tasks, loop);
@@ -1755,18 +1775,14 @@ static PyObject *timeout_on_loop(core_state *st, PyObject *loop, PyObject *delay
     return t;
 }
 
-/* timeout(delay) */
-static PyObject *timeout_for_delay(core_state *st, PyObject *delay) {
+static PyObject *core_timeout(PyObject *m, PyObject *delay) {
+    core_state *st = get_state(m);
     PyObject *loop = need_running_loop(st);
     if (!loop) return NULL;
     int64_t now_ns;
     PyObject *t = timeout_on_loop(st, loop, delay, &now_ns);
     Py_DECREF(loop);
     return t;
-}
-
-static PyObject *core_timeout(PyObject *m, PyObject *delay) {
-    return timeout_for_delay(get_state(m), delay);
 }
 
 static PyObject *core_timeout_at(PyObject *m, PyObject *when) {
@@ -2140,37 +2156,8 @@ static PyObject *WaitFor_send(WaitForObject *self, PyObject *arg) {
 
 /* throw(exc) or the older throw(type[, value[, traceback]]) */
 static PyObject *WaitFor_throw(WaitForObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 3) {
-        PyErr_Format(PyExc_TypeError, "throw expected at least 1 argument, got %zd", nargs);
-        return NULL;
-    }
-    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None;
-    PyObject *tb = nargs > 2 ? args[2] : Py_None;
-    if (tb != Py_None && !PyTraceBack_Check(tb)) {
-        PyErr_SetString(PyExc_TypeError, "throw() third argument must be a traceback object");
-        return NULL;
-    }
-    if (PyExceptionInstance_Check(typ)) {
-        if (val != Py_None) {
-            PyErr_SetString(PyExc_TypeError, "instance exception may not have a separate value");
-            return NULL;
-        }
-        PyErr_SetRaisedException(Py_NewRef(typ));
-    } else if (PyExceptionClass_Check(typ)) {
-        PyErr_SetObject(typ, val);
-    } else {
-        PyErr_Format(PyExc_TypeError,
-                     "exceptions must be classes or instances deriving from BaseException, "
-                     "not %s",
-                     Py_TYPE(typ)->tp_name);
-        return NULL;
-    }
-    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *exc = throw_args_exception(args, nargs);
     if (!exc) return NULL;
-    if (tb != Py_None && PyException_SetTraceback(exc, tb) < 0) {
-        Py_DECREF(exc);
-        return NULL;
-    }
     PyObject *result;
     PySendResult r = waitfor_step(self, NULL, exc, &result);
     Py_DECREF(exc);
