@@ -32,7 +32,7 @@ import sched
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -394,10 +394,9 @@ class Runner:
                 import bucketimer
 
                 tt = bucketimer.TimerThread()
-                timers = _Timers(tt.call_later, tt.call_at, tt)
+                timers = _Timers(tt.call_later, tt.call_at)
             else:
-                timers = _Timers(loop.call_later, loop.call_at,
-                                 getattr(loop, "timer_thread", None))
+                timers = _Timers(loop.call_later, loop.call_at)
             return loop.run_until_complete(body(timers))
         finally:
             if tt is not None:
@@ -409,7 +408,7 @@ class Runner:
     def run_pairs(self) -> None:
         """Pairs of every contender at every pending level.  Each (contender,
         level) has its own loop -- and, for bucketimer's columns, its own
-        TimerThread -- all set up at once (about 1 GB with a million pending
+        TimerThread -- all set up at once (~1.6 GB with a million pending
         per column), and they take turns round by round: both the ratios
         between columns and the flatness from 0 to 1 000 000 pending are
         read off rounds taken at the same moments, whatever the speed of a
@@ -430,13 +429,11 @@ class Runner:
             for loop, call_later, _ in targets.values():  # warm-up
                 loop.run_until_complete(_pairs_round(call_later, min(s.pairs, 2000), s.batch))
             samples: dict[tuple[str, int], list[float]] = {k: [] for k in targets}
-            order = list(targets)
-            for i in range(s.rounds):
-                for key in order[i % len(order):] + order[:i % len(order)]:
-                    loop, call_later, _ = targets[key]
-                    samples[key].append(
-                        loop.run_until_complete(_pairs_round(call_later, s.pairs, s.batch)))
-                    self._step(f"pairs {count_label(key[1])} {key[0]}")
+            for key in _taking_turns(list(targets), s.rounds):
+                loop, call_later, _ = targets[key]
+                samples[key].append(
+                    loop.run_until_complete(_pairs_round(call_later, s.pairs, s.batch)))
+                self._step(f"pairs {count_label(key[1])} {key[0]}")
         finally:
             gc.unfreeze()
             # Cancel what was pending (untimed): nothing may linger in a
@@ -507,13 +504,11 @@ class Runner:
                 for name, fn in fns.items():  # warm-up
                     loops[name].run_until_complete(round_fn(fn, min(s.timeouts, 500)))
                 samples: dict[str, list[float]] = {name: [] for name in fns}
-                order = list(fns)
-                for i in range(s.rounds):
-                    for name in order[i % len(order):] + order[:i % len(order)]:
-                        gc.collect()
-                        samples[name].append(
-                            loops[name].run_until_complete(round_fn(fns[name], s.timeouts)))
-                        self._step(f"{workload} {name}")
+                for name in _taking_turns(list(fns), s.rounds):
+                    gc.collect()
+                    samples[name].append(
+                        loops[name].run_until_complete(round_fn(fns[name], s.timeouts)))
+                    self._step(f"{workload} {name}")
                 for name in fns:
                     self.add(make_record("timeout", workload, label, name, "ns", "lower",
                                          samples[name], per_round=s.timeouts))
@@ -697,13 +692,11 @@ class Runner:
 
 
 class _Timers:
-    __slots__ = ("call_at", "call_later", "timer_thread")
+    __slots__ = ("call_at", "call_later")
 
-    def __init__(self, call_later: Callable[..., Any], call_at: Callable[..., Any],
-                 timer_thread: Any = None) -> None:
+    def __init__(self, call_later: Callable[..., Any], call_at: Callable[..., Any]) -> None:
         self.call_later = call_later
         self.call_at = call_at
-        self.timer_thread = timer_thread  # the bucketimer TimerThread behind them, if any
 
 
 # ---- timed loops ---------------------------------------------------------------------
@@ -730,8 +723,16 @@ async def _pairs_round(call_later: Callable[..., Any], n: int, batch: int) -> fl
     return (t1 - t0) / (loops * batch)
 
 
+def _taking_turns(keys: list[Any], rounds: int) -> Iterator[Any]:
+    """Every key once per round, ``rounds`` times, each round starting one
+    further along, so that no column always runs first (or last)."""
+    for i in range(rounds):
+        j = i % len(keys)
+        yield from keys[j:] + keys[:j]
+
+
 async def _fill(call_later: Callable[..., Any], pending: int, tt: Any) -> list[Any]:
-    """``pending`` timers due 60-120 s from now (never during a run)."""
+    """``pending`` timers due 10 s to 1 h from now (never during a run)."""
     rng = random.Random(pending)
     span = PENDING_MAX - PENDING_MIN
     keep = [call_later(PENDING_MIN + span * rng.random(), _noop) for _ in range(pending)]
