@@ -1,0 +1,200 @@
+/*
+ * handle.c -- bucketimer.Handle: one scheduled callback.
+ */
+#include "module.h"
+
+/* ---- Handle ------------------------------------------------------------- */
+
+static int Handle_traverse(HandleObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->tt);
+    Py_VISIT(self->port);
+    Py_VISIT(self->callback);
+    Py_VISIT(self->args);
+    Py_VISIT(self->context);
+    return 0;
+}
+
+static int Handle_clear(HandleObject *self) {
+    Py_CLEAR(self->tt);
+    Py_CLEAR(self->port);
+    Py_CLEAR(self->callback);
+    Py_CLEAR(self->args);
+    Py_CLEAR(self->context);
+    return 0;
+}
+
+/* A small free list of Handle objects: a schedule+cancel pair then costs no
+ * allocation and no step towards a GC collection.  Only with the GIL, which
+ * serialises it; free-threaded builds allocate every time. */
+#ifndef Py_GIL_DISABLED
+#define HANDLE_FREELIST_MAX 256
+static HandleObject *handle_freelist[HANDLE_FREELIST_MAX];
+static int handle_freelist_len;
+#endif
+
+static void Handle_dealloc(HandleObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    Handle_clear(self);
+#ifndef Py_GIL_DISABLED
+    if (handle_freelist_len < HANDLE_FREELIST_MAX && Py_IS_TYPE(self, tp) &&
+        !(tp->tp_flags & Py_TPFLAGS_BASETYPE)) {
+        handle_freelist[handle_freelist_len++] = self;
+        Py_DECREF(tp); /* PyObject_Init takes it again on reuse */
+        return;
+    }
+#endif
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+HandleObject *handle_alloc(PyTypeObject *tp) {
+#ifndef Py_GIL_DISABLED
+    if (handle_freelist_len > 0) {
+        HandleObject *h = handle_freelist[--handle_freelist_len];
+        if (Py_TYPE(h) == tp) {
+            (void)PyObject_Init((PyObject *)h, tp);
+            return h;
+        }
+        /* another interpreter's (or a reloaded module's) type: let it go */
+        PyObject_GC_Del(h);
+    }
+#endif
+    return PyObject_GC_New(HandleObject, tp);
+}
+
+/* Drops what a finished handle no longer needs (the tt and port stay, so
+ * cancel() after the fact still has something to ask). */
+void handle_release_callback(HandleObject *self) {
+    PyObject *cb = self->callback, *args = self->args, *ctx = self->context;
+    self->callback = self->args = self->context = NULL;
+    Py_XDECREF(cb);
+    Py_XDECREF(args);
+    Py_XDECREF(ctx);
+}
+
+/* 1 if this call won the cancel, 0 if not. */
+int handle_cancel(HandleObject *self) {
+    if (atomic_load_explicit(&self->state, memory_order_acquire) != H_PENDING || !self->tt)
+        return 0;
+    int rc = bt_cancel(self->tt->core, self->id);
+    if (rc != BT_CANCELLED) return 0;
+    /* We won the core's CAS: nobody else will touch the callback, and the
+     * slot's reference to us is ours to drop. */
+    atomic_store_explicit(&self->state, H_CANCELLED, memory_order_release);
+    handle_release_callback(self);
+    Py_DECREF(self); /* the slot's reference; the caller still holds one */
+    return 1;
+}
+
+static PyObject *Handle_cancel(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->compat) {
+        self->cancel_called = 1;
+        handle_cancel(self);
+        Py_RETURN_NONE;
+    }
+    return PyBool_FromLong(handle_cancel(self));
+}
+
+static PyObject *Handle_cancelled(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(atomic_load(&self->state) == H_CANCELLED ||
+                           (self->compat && self->cancel_called));
+}
+
+static PyObject *Handle_when(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyFloat_FromDouble(self->when);
+}
+
+static PyObject *Handle_get_context(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!self->context) Py_RETURN_NONE;
+    return Py_NewRef(self->context);
+}
+
+static PyObject *Handle_get_id(HandleObject *self, void *Py_UNUSED(c)) {
+    return PyLong_FromUnsignedLongLong(self->id);
+}
+
+static PyObject *Handle_get_loop(HandleObject *self, void *Py_UNUSED(c)) {
+    if (!self->port) Py_RETURN_NONE;
+    return Py_NewRef(self->port->loop);
+}
+
+static PyObject *Handle_get_callback(HandleObject *self, void *Py_UNUSED(c)) {
+    if (!self->callback) Py_RETURN_NONE;
+    return Py_NewRef(self->callback);
+}
+
+static PyObject *Handle_get_args(HandleObject *self, void *Py_UNUSED(c)) {
+    if (!self->args) Py_RETURN_NONE;
+    return Py_NewRef(self->args);
+}
+
+static PyObject *Handle_repr(HandleObject *self) {
+    static const char *names[] = {"pending", "cancelled", "ran", "dropped"};
+    int st = atomic_load(&self->state);
+    if (self->callback) {
+        PyObject *when = PyFloat_FromDouble(self->when);
+        if (!when) return NULL;
+        PyObject *r = PyUnicode_FromFormat("<bucketimer.Handle %s when=%R %R>", names[st], when,
+                                           self->callback);
+        Py_DECREF(when);
+        return r;
+    }
+    return PyUnicode_FromFormat("<bucketimer.Handle %s id=%llu>", names[st],
+                                (unsigned long long)self->id);
+}
+
+static PyMethodDef Handle_methods[] = {
+    {"cancel", (PyCFunction)Handle_cancel, METH_NOARGS,
+     "cancel() -> bool\n\nTrue iff this call guaranteed the callback never runs. False if it "
+     "is running, has run, was cancelled or dropped before, or its TimerThread is closed."},
+    {"cancelled", (PyCFunction)Handle_cancelled, METH_NOARGS,
+     "True iff a cancel() of this handle won."},
+    {"when", (PyCFunction)Handle_when, METH_NOARGS,
+     "The deadline, in time.monotonic() seconds."},
+    {"get_context", (PyCFunction)Handle_get_context, METH_NOARGS,
+     "The contextvars.Context the callback runs in (None once finished)."},
+    {NULL}};
+
+static PyGetSetDef Handle_getset[] = {
+    {"id", (getter)Handle_get_id, NULL, "The core's versioned timer id.", NULL},
+    {"loop", (getter)Handle_get_loop, NULL, "The loop it is delivered to (None: dispatcher).",
+     NULL},
+    {"callback", (getter)Handle_get_callback, NULL, "The callback (None once finished).", NULL},
+    {"args", (getter)Handle_get_args, NULL, "The callback's arguments (None once finished).",
+     NULL},
+    {NULL}};
+
+static PyMemberDef Handle_members[] = {
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(HandleObject, weakreflist), Py_READONLY, NULL},
+    {NULL}};
+
+static PyType_Slot Handle_slots[] = {
+    {Py_tp_doc, "A scheduled callback.  Made by TimerThread.call_later / call_at."},
+    {Py_tp_dealloc, Handle_dealloc},
+    {Py_tp_traverse, Handle_traverse},
+    {Py_tp_clear, Handle_clear},
+    {Py_tp_methods, Handle_methods},
+    {Py_tp_getset, Handle_getset},
+    {Py_tp_members, Handle_members},
+    {Py_tp_repr, Handle_repr},
+    {0, NULL}};
+
+PyType_Spec Handle_spec = {
+    .name = "bucketimer._core.Handle",
+    .basicsize = sizeof(HandleObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = Handle_slots,
+};
+
+void drop_handle(void *ctx, bt_port *port, void *payload) {
+    (void)ctx;
+    if (!port || !payload) return;
+    HandleObject *h = (HandleObject *)payload;
+    atomic_store(&h->state, H_DROPPED);
+    handle_release_callback(h);
+    Py_DECREF(h);
+}

@@ -1,0 +1,194 @@
+/*
+ * port.c -- bucketimer._core.Port: where due timers of one loop wait; drain() runs them.
+ */
+#include "module.h"
+
+/* ---- Port --------------------------------------------------------------- */
+
+static int Port_traverse(PortObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->tt);
+    Py_VISIT(self->loop);
+    Py_VISIT(self->on_error);
+    return 0;
+}
+
+static int Port_clear(PortObject *self) {
+    Py_CLEAR(self->loop);
+    Py_CLEAR(self->on_error);
+    Py_CLEAR(self->tt);
+    return 0;
+}
+
+static void Port_dealloc(PortObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    /* The bt_port itself lives until the core is destroyed: pending timers
+     * may still point at it. */
+    Port_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Runs (or, in drop mode, releases) one claimed handle.  Returns -1 with an
+ * exception set only for exceptions that must propagate (KeyboardInterrupt,
+ * SystemExit, or a failing error handler). */
+static int run_handle(PortObject *self, HandleObject *h, int drop) {
+    PyObject *cb = h->callback, *args = h->args, *ctx = h->context;
+    h->callback = h->args = h->context = NULL;
+    atomic_store_explicit(&h->state, drop ? H_DROPPED : H_RAN, memory_order_release);
+    int result = 0;
+    if (!drop && cb) {
+        PyObject *res = NULL;
+        /* A Timeout's expiry handle has no context (see schedule_resolved). */
+        if (!ctx || PyContext_Enter(ctx) == 0) {
+            res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
+            if (ctx) {
+                PyObject *exc = res ? NULL : PyErr_GetRaisedException();
+                PyContext_Exit(ctx);
+                if (exc) PyErr_SetRaisedException(exc);
+            }
+        }
+        if (res) {
+            Py_DECREF(res);
+        } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
+                   PyErr_ExceptionMatches(PyExc_SystemExit)) {
+            result = -1;
+        } else {
+            PyObject *exc = PyErr_GetRaisedException();
+            /* The handle shows its callback while being reported. */
+            h->callback = Py_NewRef(cb);
+            h->args = Py_NewRef(args);
+            if (self->on_error && self->on_error != Py_None) {
+                PyObject *r = PyObject_CallFunctionObjArgs(self->on_error, (PyObject *)h, exc,
+                                                           NULL);
+                if (r) Py_DECREF(r);
+                else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
+                         PyErr_ExceptionMatches(PyExc_SystemExit))
+                    result = -1;
+                else PyErr_WriteUnraisable(self->on_error);
+            } else {
+                PyErr_SetRaisedException(Py_NewRef(exc));
+                PyErr_WriteUnraisable(cb);
+            }
+            Py_DECREF(exc);
+            Py_CLEAR(h->callback);
+            Py_CLEAR(h->args);
+        }
+    }
+    Py_XDECREF(cb);
+    Py_XDECREF(args);
+    Py_XDECREF(ctx);
+    return result;
+}
+
+/* Runs every timer posted to this port.  The eventfd is acked first; a
+ * timer cancelled after it was posted is released without running (its
+ * cancel() already dropped the slot's reference).  If a callback raises
+ * KeyboardInterrupt or SystemExit, the rest stay queued, the port is
+ * signalled again, and the exception propagates, as asyncio would let it. */
+static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
+    if (atomic_exchange(&self->draining, 1)) return PyLong_FromLong(0); /* re-entered */
+    int drop = drop_all || self->drop;
+    bt_port_ack(self->port);
+    long ran = 0;
+    bt_timer *t;
+    while ((t = bt_port_pop(self->port)) != NULL) {
+        HandleObject *h = (HandleObject *)bt_timer_payload(t);
+        if (!(drop ? bt_timer_take(self->port, t) : bt_timer_claim(self->port, t))) {
+            bt_timer_release(self->port, t);
+            continue;
+        }
+        /* The slot's reference to h is ours now. */
+        bt_timer_release(self->port, t);
+        int rc = run_handle(self, h, drop);
+        Py_DECREF(h);
+        ran++;
+        if (rc < 0) {
+            bt_port_signal(self->port);
+            atomic_store(&self->draining, 0);
+            return NULL;
+        }
+    }
+    atomic_store(&self->draining, 0);
+    return PyLong_FromLong(ran);
+}
+
+static PyObject *Port_drain(PortObject *self, PyObject *Py_UNUSED(ignored)) {
+    return Port_drain_impl(self, 0);
+}
+
+static PyObject *Port_fileno(PortObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromLong(bt_port_fd(self->port));
+}
+
+/* Closes the fd and releases whatever is queued without running it.  Timers
+ * that come due later go to the core's orphan port. */
+static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
+    bt_port_detach(self->port);
+    PyObject *r = Port_drain_impl(self, 1);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    TimerThreadObject *tt = self->tt;
+    if (tt && tt->cached_port == self) {
+        Py_CLEAR(tt->cached_loop);
+        Py_CLEAR(tt->cached_port);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Port_get_loop(PortObject *self, void *Py_UNUSED(c)) {
+    return Py_NewRef(self->loop);
+}
+
+static PyMethodDef Port_methods[] = {
+    {"drain", (PyCFunction)Port_drain, METH_NOARGS,
+     "Run every posted timer; returns how many were taken."},
+    {"fileno", (PyCFunction)Port_fileno, METH_NOARGS,
+     "The eventfd that becomes readable when timers are posted (-1 when detached)."},
+    {"detach", (PyCFunction)Port_detach, METH_NOARGS,
+     "Close the fd and drop queued timers without running them."},
+    {NULL}};
+
+static PyGetSetDef Port_getset[] = {
+    {"loop", (getter)Port_get_loop, NULL, "The loop served (None: dispatcher).", NULL},
+    {NULL}};
+
+static PyMemberDef Port_members[] = {
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PortObject, weakreflist), Py_READONLY, NULL},
+    {"on_error", Py_T_OBJECT_EX, offsetof(PortObject, on_error), 0,
+     "on_error(handle, exc): called when a callback raises."},
+    {NULL}};
+
+static PyType_Slot Port_slots[] = {
+    {Py_tp_doc, "Where due timers of one loop (or the dispatcher) wait to run."},
+    {Py_tp_dealloc, Port_dealloc},
+    {Py_tp_traverse, Port_traverse},
+    {Py_tp_clear, Port_clear},
+    {Py_tp_methods, Port_methods},
+    {Py_tp_getset, Port_getset},
+    {Py_tp_members, Port_members},
+    {0, NULL}};
+
+PyType_Spec Port_spec = {
+    .name = "bucketimer._core.Port",
+    .basicsize = sizeof(PortObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = Port_slots,
+};
+
+PortObject *port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop) {
+    PortObject *self = PyObject_GC_New(PortObject, tt->state->Port_Type);
+    if (!self) return NULL;
+    self->port = p;
+    self->tt = (TimerThreadObject *)Py_NewRef(tt);
+    self->loop = Py_NewRef(loop);
+    self->on_error = Py_NewRef(Py_None);
+    self->drop = drop;
+    atomic_init(&self->draining, 0);
+    self->weakreflist = NULL;
+    PyObject_GC_Track(self);
+    return self;
+}

@@ -1,0 +1,87 @@
+/*
+ * scheduler.c -- the drop-in loop's call_at/call_later.
+ */
+#include "module.h"
+
+/* ---- Scheduler: loop.call_at / loop.call_later of the drop-in loop --------
+ * A callable bound to (TimerThread, loop) so the drop-in loop's call_later
+ * is one vectorcall, with asyncio.TimerHandle semantics on its handles. */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    TimerThreadObject *tt;
+    PyObject *loop;
+    int absolute;
+} SchedulerObject;
+
+static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *context = NULL;
+    if (parse_schedule_args(args, nargs, kwnames, self->absolute, NULL, &context) < 0)
+        return NULL;
+    if (check_open(self->tt) < 0) return NULL;
+    double t;
+    if (to_seconds(args[0], self->absolute ? "when" : "delay", &t) < 0) return NULL;
+    return schedule_resolved(self->tt, self->absolute, t, args[1], args + 2, nargs - 2, self->loop,
+                             context, SCHED_COMPAT);
+}
+
+static int Scheduler_traverse(SchedulerObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->tt);
+    Py_VISIT(self->loop);
+    return 0;
+}
+
+static int Scheduler_clear(SchedulerObject *self) {
+    Py_CLEAR(self->tt);
+    Py_CLEAR(self->loop);
+    return 0;
+}
+
+static void Scheduler_dealloc(SchedulerObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Scheduler_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef Scheduler_members[] = {
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(SchedulerObject, vectorcall), Py_READONLY, NULL},
+    {NULL}};
+
+static PyType_Slot Scheduler_slots[] = {
+    {Py_tp_doc, "loop.call_at / loop.call_later of the drop-in loop (asyncio handle semantics)."},
+    {Py_tp_dealloc, Scheduler_dealloc},
+    {Py_tp_traverse, Scheduler_traverse},
+    {Py_tp_clear, Scheduler_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, Scheduler_members},
+    {0, NULL}};
+
+PyType_Spec Scheduler_spec = {
+    .name = "bucketimer._core.Scheduler",
+    .basicsize = sizeof(SchedulerObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = Scheduler_slots,
+};
+
+/* TimerThread._scheduler(loop, absolute) */
+PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args) {
+    PyObject *loop;
+    int absolute;
+    if (!PyArg_ParseTuple(args, "Op:_scheduler", &loop, &absolute)) return NULL;
+    if (!self->state) return raise_errno(-EINVAL, "_scheduler");
+    SchedulerObject *o = PyObject_GC_New(SchedulerObject, self->state->Scheduler_Type);
+    if (!o) return NULL;
+    o->vectorcall = (vectorcallfunc)Scheduler_vectorcall;
+    o->tt = (TimerThreadObject *)Py_NewRef(self);
+    o->loop = Py_NewRef(loop);
+    o->absolute = absolute;
+    PyObject_GC_Track(o);
+    return (PyObject *)o;
+}

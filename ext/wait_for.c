@@ -1,0 +1,528 @@
+/*
+ * wait_for.c -- wait_for() of 3.12 and later, in C.
+ */
+#include "module.h"
+
+/* ---- wait_for: asyncio.wait_for of 3.12 and later, in C -----------------
+ *
+ * 3.12 rewrote wait_for() as
+ *
+ *     async def wait_for(fut, timeout):
+ *         if timeout is not None and timeout <= 0:
+ *             ...                    # run to completion or cancel, see aio.py
+ *         async with timeouts.timeout(timeout):
+ *             return await fut
+ *
+ * WaitFor is that coroutine written out by hand, so that a wait_for() whose
+ * awaitable finishes without suspending costs no Python frame, no
+ * `async with` and no Ready awaitables: it enters a Timeout, drives the
+ * awaited iterator with send()/throw(), and exits the Timeout with whatever
+ * that iterator ended with.  It is a coroutine as asyncio sees one
+ * (collections.abc.Coroutine: __await__, send, throw, close), so
+ * create_task(), gather() and TaskGroup take it, and it follows the
+ * generator protocol's rules: re-use after the end, throw() before the
+ * start, close() while suspended, finalisation while suspended (which, like
+ * a coroutine's close(), exits the Timeout and so cancels its timer).
+ *
+ * The `timeout <= 0` branch runs aio.py's coroutine for it: it involves a
+ * Task and is not a fast path in asyncio either. */
+
+#if PY_VERSION_HEX >= 0x030C0000
+
+enum { W_CREATED, W_SUSPENDED, W_CLOSED };
+
+typedef struct {
+    PyObject_HEAD
+    core_state *st;
+    int state;
+    int running;       /* inside send/throw/close */
+    PyObject *fut;     /* what to await, until started */
+    PyObject *delay;   /* the timeout argument, until started */
+    PyObject *inner;   /* the iterator being awaited, while suspended */
+    PyObject *timeout; /* the entered Timeout, while suspended; NULL for timeout <= 0 */
+} WaitForObject;
+
+static int WaitFor_traverse(WaitForObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->fut);
+    Py_VISIT(self->delay);
+    Py_VISIT(self->inner);
+    Py_VISIT(self->timeout);
+    return 0;
+}
+
+static int WaitFor_clear(WaitForObject *self) {
+    Py_CLEAR(self->fut);
+    Py_CLEAR(self->delay);
+    Py_CLEAR(self->inner);
+    Py_CLEAR(self->timeout);
+    return 0;
+}
+
+static void WaitFor_dealloc(WaitForObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0) return; /* resurrected */
+    PyObject_GC_UnTrack(self);
+    WaitFor_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* What `await o` iterates: the interpreter's GET_AWAITABLE. */
+static PyObject *awaitable_iter(core_state *st, PyObject *o) {
+    if (PyCoro_CheckExact(o) ||
+        (PyGen_CheckExact(o) && (PyGen_GetCode((PyGenObject *)o)->co_flags & CO_ITERABLE_COROUTINE))) {
+        if (PyCoro_CheckExact(o)) {
+            /* a coroutine suspended in an await of its own is someone
+             * else's to drive */
+            PyObject *yf = st->coro_await_getter ? st->coro_await_getter(o, NULL)
+                                                 : PyObject_GetAttr(o, st->str_cr_await);
+            if (!yf) return NULL;
+            int busy = yf != Py_None;
+            Py_DECREF(yf);
+            if (busy) {
+                PyErr_SetString(PyExc_RuntimeError, "coroutine is being awaited already");
+                return NULL;
+            }
+        }
+        return Py_NewRef(o);
+    }
+    unaryfunc getter = Py_TYPE(o)->tp_as_async ? Py_TYPE(o)->tp_as_async->am_await : NULL;
+    if (!getter) {
+        PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression",
+                     Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    PyObject *res = getter(o);
+    if (!res) return NULL;
+    if (PyCoro_CheckExact(res) ||
+        (PyGen_CheckExact(res) &&
+         (PyGen_GetCode((PyGenObject *)res)->co_flags & CO_ITERABLE_COROUTINE))) {
+        PyErr_SetString(PyExc_TypeError, "__await__() returned a coroutine");
+        Py_DECREF(res);
+        return NULL;
+    }
+    if (!PyIter_Check(res)) {
+        PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'",
+                     Py_TYPE(res)->tp_name);
+        Py_DECREF(res);
+        return NULL;
+    }
+    return res;
+}
+
+/* Sets `exc` (stolen) as the raised exception, with `context` (stolen) as
+ * its __context__ unless it already is in its chain: what raising inside
+ * an `except` block does. */
+static void raise_with_context(PyObject *exc, PyObject *context) {
+    if (context && context != exc) {
+        PyObject *c = PyException_GetContext(exc);
+        if (!c) PyException_SetContext(exc, context);
+        else {
+            Py_DECREF(c);
+            Py_DECREF(context);
+        }
+    } else {
+        Py_XDECREF(context);
+    }
+    PyErr_SetRaisedException(exc);
+}
+
+/* The end of `async with timeout: return await fut`: the awaited iterator
+ * returned (*result) or raised (the current exception).  Exits the
+ * Timeout with that outcome; its TimeoutError, if it raises one, wins. */
+static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject **result) {
+    PyObject *tm = self->timeout;
+    self->timeout = NULL;
+    Py_CLEAR(self->inner);
+    self->state = W_CLOSED;
+    if (!tm) return r;
+    PyObject *x;
+    if (r == PYGEN_RETURN) {
+        PyObject *args[3] = {Py_None, Py_None, Py_None};
+        x = Timeout_aexit((TimeoutObject *)tm, args, 3);
+        if (!x) {
+            Py_CLEAR(*result);
+            r = PYGEN_ERROR;
+        }
+    } else {
+        PyObject *exc = PyErr_GetRaisedException();
+        PyObject *tb = PyException_GetTraceback(exc);
+        PyObject *args[3] = {(PyObject *)Py_TYPE(exc), exc, tb ? tb : Py_None};
+        /* __aexit__ runs while `exc` is the exception being handled, as in
+         * the `async with` it stands for: what it raises gets `exc` as
+         * __context__, not whatever the awaiting code was handling. */
+        PyObject *handled = PyErr_GetHandledException();
+        PyErr_SetHandledException(exc);
+        x = Timeout_aexit((TimeoutObject *)tm, args, 3);
+        PyErr_SetHandledException(handled);
+        Py_XDECREF(handled);
+        Py_XDECREF(tb);
+        if (x) PyErr_SetRaisedException(exc); /* __aexit__ never swallows */
+        else raise_with_context(PyErr_GetRaisedException(), exc);
+    }
+    Py_XDECREF(x);
+    Py_DECREF(tm);
+    return r;
+}
+
+/* The StopIteration that ends a throw() or send() call: its value. */
+static PySendResult fetch_return(PyObject **result) {
+    if (!PyErr_ExceptionMatches(PyExc_StopIteration)) return PYGEN_ERROR;
+    PyObject *e = PyErr_GetRaisedException();
+    PyObject *v = ((PyStopIterationObject *)e)->value;
+    *result = Py_NewRef(v ? v : Py_None);
+    Py_DECREF(e);
+    return PYGEN_RETURN;
+}
+
+/* Calls close() of an iterator, if it has one. */
+static int close_iter(core_state *st, PyObject *it) {
+    PyObject *meth;
+    if (optional_attr(it, st->str_close, &meth) < 0) return -1;
+    if (!meth) return 0;
+    PyObject *r = PyObject_CallNoArgs(meth);
+    Py_DECREF(meth);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* throw(exc) into the awaited iterator, as `yield from` does: GeneratorExit
+ * closes it and is raised here; an iterator without throw() lets the
+ * exception be raised here. */
+static PySendResult waitfor_throw_inner(WaitForObject *self, PyObject *exc, PyObject **result) {
+    core_state *st = self->st;
+    PyObject *inner = self->inner;
+    if (PyErr_GivenExceptionMatches(exc, PyExc_GeneratorExit)) {
+        if (close_iter(st, inner) < 0) return PYGEN_ERROR; /* that error is raised instead */
+        PyErr_SetRaisedException(Py_NewRef(exc));
+        return PYGEN_ERROR;
+    }
+    PyObject *meth;
+    int found = optional_attr(inner, st->str_throw, &meth);
+    if (found < 0) return PYGEN_ERROR;
+    if (!found) {
+        PyErr_SetRaisedException(Py_NewRef(exc));
+        return PYGEN_ERROR;
+    }
+    PyObject *ret = PyObject_CallOneArg(meth, exc);
+    Py_DECREF(meth);
+    if (ret) {
+        *result = ret;
+        return PYGEN_NEXT;
+    }
+    return fetch_return(result);
+}
+
+/* The first send(None): the body up to the first suspension. */
+static PySendResult waitfor_start(WaitForObject *self, PyObject **result) {
+    core_state *st = self->st;
+    PyObject *fut = self->fut, *delay = self->delay;
+    self->fut = self->delay = NULL;
+    self->state = W_CLOSED; /* until the Timeout is entered */
+    PySendResult r = PYGEN_ERROR;
+    PyObject *inner = NULL;
+    if (delay != Py_None) {
+        int nonpositive;
+        int overflow;
+        long v;
+        if (PyFloat_CheckExact(delay)) nonpositive = PyFloat_AS_DOUBLE(delay) <= 0.0;
+        else if (PyLong_CheckExact(delay) &&
+                 ((v = PyLong_AsLongAndOverflow(delay, &overflow)) != -1 || !PyErr_Occurred()))
+            nonpositive = overflow ? overflow < 0 : v <= 0;
+        else {
+            PyObject *zero = PyLong_FromLong(0);
+            nonpositive = zero ? PyObject_RichCompareBool(delay, zero, Py_LE) : -1;
+            Py_XDECREF(zero);
+        }
+        if (nonpositive < 0) goto done;
+        if (nonpositive) {
+            if (!st->wait_for_nonpositive) {
+                PyErr_SetString(PyExc_RuntimeError, "bucketimer.aio is not initialised");
+                goto done;
+            }
+            PyObject *loop = need_running_loop(st);
+            if (!loop) goto done;
+            inner = PyObject_CallFunctionObjArgs(st->wait_for_nonpositive, fut, loop, NULL);
+            Py_DECREF(loop);
+            if (!inner) goto done;
+            self->state = W_SUSPENDED;
+            self->inner = inner;
+            r = PyIter_Send(inner, Py_None, result);
+            if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
+            goto done;
+        }
+    }
+    /* timeout(delay) and its __aenter__, back to back as in asyncio's
+     * wait_for: the same running loop, and the clock read once (asyncio
+     * reads it twice, a few hundred ns apart, and schedules in between
+     * nothing that could tell). */
+    PyObject *loop = need_running_loop(st);
+    if (!loop) goto done;
+    int64_t now_ns;
+    PyObject *tm = timeout_on_loop(st, loop, delay, &now_ns);
+    if (!tm || timeout_enter((TimeoutObject *)tm, loop, now_ns) < 0) {
+        Py_XDECREF(tm);
+        Py_DECREF(loop);
+        goto done;
+    }
+    Py_DECREF(loop);
+    self->timeout = tm;
+    self->state = W_SUSPENDED;
+    inner = awaitable_iter(st, fut);
+    if (!inner) {
+        r = waitfor_finish(self, PYGEN_ERROR, result);
+        goto done;
+    }
+    self->inner = inner;
+    r = PyIter_Send(inner, Py_None, result);
+    if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
+done:
+    Py_DECREF(fut);
+    Py_DECREF(delay);
+    return r;
+}
+
+/* One step of the coroutine: send(arg) when exc is NULL, else throw(exc). */
+static PySendResult waitfor_step(WaitForObject *self, PyObject *arg, PyObject *exc,
+                                 PyObject **result) {
+    *result = NULL;
+    if (self->running) {
+        PyErr_SetString(PyExc_ValueError, "coroutine already executing");
+        return PYGEN_ERROR;
+    }
+    if (self->state == W_CLOSED) {
+        if (exc) PyErr_SetRaisedException(Py_NewRef(exc));
+        else PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
+        return PYGEN_ERROR;
+    }
+    if (self->state == W_CREATED) {
+        if (exc) { /* thrown in before it started: nothing ran, it never will */
+            self->state = W_CLOSED;
+            Py_CLEAR(self->fut);
+            Py_CLEAR(self->delay);
+            PyErr_SetRaisedException(Py_NewRef(exc));
+            return PYGEN_ERROR;
+        }
+        if (arg != Py_None) {
+            PyErr_SetString(PyExc_TypeError,
+                            "can't send non-None value to a just-started coroutine");
+            return PYGEN_ERROR;
+        }
+    }
+    self->running = 1;
+    PySendResult r;
+    if (self->state == W_CREATED) {
+        r = waitfor_start(self, result);
+    } else {
+        r = exc ? waitfor_throw_inner(self, exc, result) : PyIter_Send(self->inner, arg, result);
+        if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
+    }
+    self->running = 0;
+    return r;
+}
+
+static PySendResult WaitFor_am_send(WaitForObject *self, PyObject *arg, PyObject **result) {
+    PySendResult r = waitfor_step(self, arg, NULL, result);
+    if (r == PYGEN_ERROR) *result = NULL;
+    return r;
+}
+
+/* The outcome of a step as a call's: a yielded value, or StopIteration. */
+static PyObject *step_as_call(WaitForObject *self, PySendResult r, PyObject *result) {
+    if (r == PYGEN_NEXT) return result;
+    if (r == PYGEN_RETURN) {
+        raise_stop_iteration(self->st, result);
+        Py_DECREF(result);
+    }
+    return NULL;
+}
+
+static PyObject *WaitFor_iternext(WaitForObject *self) {
+    PyObject *result;
+    PySendResult r = waitfor_step(self, Py_None, NULL, &result);
+    if (r == PYGEN_RETURN && result == Py_None) { /* StopIteration(None), unraised */
+        Py_DECREF(result);
+        return NULL;
+    }
+    return step_as_call(self, r, result);
+}
+
+static PyObject *WaitFor_send(WaitForObject *self, PyObject *arg) {
+    PyObject *result;
+    PySendResult r = waitfor_step(self, arg, NULL, &result);
+    return step_as_call(self, r, result);
+}
+
+/* throw(exc) or the older throw(type[, value[, traceback]]) */
+static PyObject *WaitFor_throw(WaitForObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *exc = throw_args_exception(args, nargs);
+    if (!exc) return NULL;
+    PyObject *result;
+    PySendResult r = waitfor_step(self, NULL, exc, &result);
+    Py_DECREF(exc);
+    return step_as_call(self, r, result);
+}
+
+/* close(): GeneratorExit at the suspension point (after closing the awaited
+ * iterator), which exits the Timeout and so cancels its timer. */
+static PyObject *WaitFor_close(WaitForObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->state == W_CREATED) {
+        self->state = W_CLOSED;
+        Py_CLEAR(self->fut);
+        Py_CLEAR(self->delay);
+        Py_RETURN_NONE;
+    }
+    if (self->state == W_CLOSED) Py_RETURN_NONE;
+    if (self->running) {
+        PyErr_SetString(PyExc_ValueError, "coroutine already executing");
+        return NULL;
+    }
+    self->running = 1;
+    if (close_iter(self->st, self->inner) == 0) PyErr_SetNone(PyExc_GeneratorExit);
+    PyObject *result = NULL;
+    (void)waitfor_finish(self, PYGEN_ERROR, &result);
+    self->running = 0;
+    if (PyErr_ExceptionMatches(PyExc_GeneratorExit) || PyErr_ExceptionMatches(PyExc_StopIteration)) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return NULL;
+}
+
+/* Like a coroutine's: close() if suspended; "never awaited" if never started. */
+static void WaitFor_finalize(WaitForObject *self) {
+    if (self->state == W_CLOSED) return;
+    PyObject *exc = PyErr_GetRaisedException();
+    if (self->state == W_CREATED) {
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, "coroutine 'wait_for' was never awaited", 1) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
+        self->state = W_CLOSED;
+    } else {
+        PyObject *r = WaitFor_close(self, NULL);
+        if (r) Py_DECREF(r);
+        else PyErr_WriteUnraisable((PyObject *)self);
+    }
+    PyErr_SetRaisedException(exc);
+}
+
+static PyObject *WaitFor_await(WaitForObject *self) { return Py_NewRef(self); }
+
+static PyObject *WaitFor_get_await(WaitForObject *self, void *Py_UNUSED(c)) {
+    return Py_NewRef(self->state == W_SUSPENDED && self->inner ? self->inner : Py_None);
+}
+
+static PyObject *WaitFor_get_running(WaitForObject *self, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(self->running);
+}
+
+static PyObject *WaitFor_get_suspended(WaitForObject *self, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(self->state == W_SUSPENDED && !self->running);
+}
+
+static PyObject *WaitFor_get_none(WaitForObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
+    Py_RETURN_NONE;
+}
+
+static PyObject *WaitFor_get_name(WaitForObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
+    return PyUnicode_FromString("wait_for");
+}
+
+static PyObject *WaitFor_repr(WaitForObject *self) {
+    return PyUnicode_FromFormat("<bucketimer wait_for coroutine object at %p>", self);
+}
+
+static PyMethodDef WaitFor_methods[] = {
+    {"send", (PyCFunction)WaitFor_send, METH_O,
+     "send(arg) -> send 'arg' into coroutine,\nreturn next iterated value or raise StopIteration."},
+    {"throw", (PyCFunction)(void (*)(void))WaitFor_throw, METH_FASTCALL,
+     "throw(value)\nthrow(type[,value[,traceback]])\n\nRaise exception in coroutine, return next "
+     "iterated value or raise StopIteration."},
+    {"close", (PyCFunction)WaitFor_close, METH_NOARGS, "close() -> raise GeneratorExit inside coroutine."},
+    {NULL}};
+
+static PyGetSetDef WaitFor_getset[] = {
+    {"cr_await", (getter)WaitFor_get_await, NULL, "object being awaited on, or None", NULL},
+    {"cr_running", (getter)WaitFor_get_running, NULL, NULL, NULL},
+    {"cr_suspended", (getter)WaitFor_get_suspended, NULL, NULL, NULL},
+    {"cr_frame", (getter)WaitFor_get_none, NULL, "None: this coroutine has no Python frame", NULL},
+    {"cr_code", (getter)WaitFor_get_none, NULL, "None: this coroutine has no code object", NULL},
+    {"__name__", (getter)WaitFor_get_name, NULL, NULL, NULL},
+    {"__qualname__", (getter)WaitFor_get_name, NULL, NULL, NULL},
+    {NULL}};
+
+static PyType_Slot WaitFor_slots[] = {
+    {Py_tp_doc, "The coroutine bucketimer.wait_for() returns (3.12 and later)."},
+    {Py_tp_dealloc, WaitFor_dealloc},
+    {Py_tp_traverse, WaitFor_traverse},
+    {Py_tp_clear, WaitFor_clear},
+    {Py_tp_finalize, WaitFor_finalize},
+    {Py_tp_repr, WaitFor_repr},
+    {Py_tp_iter, PyObject_SelfIter},
+    {Py_tp_iternext, WaitFor_iternext},
+    {Py_am_await, WaitFor_await},
+    {Py_am_send, WaitFor_am_send},
+    {Py_tp_methods, WaitFor_methods},
+    {Py_tp_getset, WaitFor_getset},
+    {0, NULL}};
+
+PyType_Spec WaitFor_spec = {
+    .name = "bucketimer._core.WaitFor",
+    .basicsize = sizeof(WaitForObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = WaitFor_slots,
+};
+
+PyObject *core_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"fut", "timeout"};
+    PyObject *vals[2] = {NULL, NULL};
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "wait_for() takes 2 positional arguments but %zd were given",
+                     nargs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) vals[i] = args[i];
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        int j = PyUnicode_CompareWithASCIIString(k, "fut") == 0       ? 0
+                : PyUnicode_CompareWithASCIIString(k, "timeout") == 0 ? 1
+                                                                      : -1;
+        if (j < 0) {
+            PyErr_Format(PyExc_TypeError, "wait_for() got an unexpected keyword argument %R", k);
+            return NULL;
+        }
+        if (vals[j]) {
+            PyErr_Format(PyExc_TypeError, "wait_for() got multiple values for argument '%s'",
+                         names[j]);
+            return NULL;
+        }
+        vals[j] = args[nargs + i];
+    }
+    for (int j = 0; j < 2; j++)
+        if (!vals[j]) {
+            PyErr_Format(PyExc_TypeError, "wait_for() missing required argument: '%s'", names[j]);
+            return NULL;
+        }
+    core_state *st = get_state(m);
+    WaitForObject *self = PyObject_GC_New(WaitForObject, st->WaitFor_Type);
+    if (!self) return NULL;
+    self->st = st;
+    self->state = W_CREATED;
+    self->running = 0;
+    self->fut = Py_NewRef(vals[0]);
+    self->delay = Py_NewRef(vals[1]);
+    self->inner = self->timeout = NULL;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+PyObject *core_set_wait_for_nonpositive(PyObject *m, PyObject *fn) {
+    Py_XSETREF(get_state(m)->wait_for_nonpositive, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+#endif /* 3.12 and later */
