@@ -1,25 +1,68 @@
 /*
- * compat.c -- reads of CPython state.
+ * compat.c -- bucketimer._core's reads of CPython-private state, each with
+ * its version gate, its self-check and its public-API twin (compat.h states
+ * the rules).  The only file of the module that sees CPython's internal
+ * headers: it takes the thread state's field offsets from them instead of
+ * hard-coding them.
  */
+#define Py_BUILD_CORE_MODULE 1
+#include <Python.h>
 #include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "module.h"
+#include "compat.h"
 
-/* ---- the running loop ----------------------------------------------------
- * asyncio's C _get_running_loop on 3.11 calls getpid() on every call (a
- * syscall since glibc stopped caching it) to hide a parent's loop from a
- * forked child.  That is a third of a schedule+cancel pair.  On 3.11 we read
- * the same per-thread holder asyncio reads and compare its pid with one we
- * cache and refresh after fork().  3.12 keeps the loop itself
- * under the same key (no pid check); a dict lookup there is three times
- * cheaper than calling _get_running_loop.  3.13 moved it into the
- * thread state, in the word that follows the public PyThreadState
- * (_PyThreadStateImpl.asyncio_running_loop, which _asyncio reads and writes
- * directly).  We read that word only once it has been seen to hold exactly
- * what _get_running_loop() returned; until then, and for good if it ever
- * did not, we call the function.  (Free-threaded builds always call it.) */
+/* ---- gates: the versions each read was checked on ------------------------
+ * Free-threaded builds were never checked: they take the public API. */
 
+#if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x03100000
 #if PY_VERSION_HEX < 0x030C0000
+#define LOOP_READ_HOLDER 1 /* 3.11 */
+#define TASK_READ_DICT 1
+#elif PY_VERSION_HEX < 0x030D0000
+#define LOOP_READ_DICT 1 /* 3.12 */
+#define TASK_READ_DICT 1
+#define STOP_ITERATION_REUSE 1
+#define CR_AWAIT_GETTER 1
+#elif defined(__has_include)
+#if __has_include("internal/pycore_tstate.h")
+#include "internal/pycore_tstate.h"
+#define LOOP_READ_TSTATE 1 /* 3.13 - 3.15 */
+#if PY_VERSION_HEX < 0x030E0000
+#define TASK_READ_DICT 1 /* 3.13 */
+#else
+#define TASK_READ_TSTATE 1 /* 3.14, 3.15 */
+#endif
+#endif
+#define STOP_ITERATION_REUSE 1
+#define CR_AWAIT_GETTER 1
+#endif
+#endif
+
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+#define STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
+
+/* The self-check of a read whose state is BT_READ_UNPROVEN.  `rc` and
+ * `mine` are what the read gave (rc 0: an answer; 1: it cannot tell),
+ * `theirs` is the public API's answer.  Agreeing on None proves nothing (a
+ * word nobody writes reads as None too), so a read is proven by agreeing on
+ * anything else; disagreeing turns it off for good. */
+static void judge(_Atomic int *state, int rc, PyObject *mine, PyObject *theirs) {
+    if (rc != 0) return;
+    if (mine != theirs) STORE(*state, BT_READ_OFF_MISMATCH);
+    else if (theirs != Py_None) STORE(*state, BT_READ_PROVEN);
+}
+
+/* ---- the running loop ------------------------------------------------------
+ * asyncio._get_running_loop() on 3.11 calls getpid() (a syscall) to hide a
+ * parent's loop from a forked child; that was a third of a schedule+cancel
+ * pair.  3.11 keeps a holder (loop, pid) in the thread-state dict: we read
+ * it and compare its pid with one cached and refreshed after fork().  3.12
+ * keeps the loop itself under the same key.  3.13 moved it into the
+ * thread state (_PyThreadStateImpl.asyncio_running_loop). */
+
+#if defined(LOOP_READ_HOLDER)
 #include <unistd.h>
 typedef struct {
     PyObject_HEAD
@@ -28,124 +71,343 @@ typedef struct {
 } running_loop_holder; /* _asynciomodule.c, 3.11 */
 
 static _Atomic pid_t cached_pid;
-static void refresh_pid(void) { atomic_store(&cached_pid, getpid()); }
 static pthread_once_t pid_once = PTHREAD_ONCE_INIT;
+static void refresh_pid(void) { atomic_store(&cached_pid, getpid()); }
 static void install_pid_cache(void) {
     refresh_pid();
     pthread_atfork(NULL, NULL, refresh_pid);
 }
+
+/* The holder's type, recognised by name and size the first time one is
+ * seen; a holder of any other type cannot be read. */
+static int is_holder(bt_compat *c, PyObject *v) {
+    PyTypeObject *tp = Py_TYPE(v);
+    if (!c->holder_type && strstr(tp->tp_name, "_RunningLoopHolder") != NULL &&
+        tp->tp_basicsize == sizeof(running_loop_holder))
+        c->holder_type = (PyTypeObject *)Py_NewRef(tp);
+    return tp == c->holder_type;
+}
 #endif
 
-void running_loop_init(void) {
-#if PY_VERSION_HEX < 0x030C0000
-    pthread_once(&pid_once, install_pid_cache);
+/* This thread's running loop as the private state holds it (borrowed, or
+ * Py_None): 0, or 1 if the read cannot tell. */
+static int read_running_loop(bt_compat *c, PyObject **out) {
+#if defined(LOOP_READ_TSTATE)
+    (void)c;
+    PyObject *loop = ((_PyThreadStateImpl *)PyThreadState_Get())->asyncio_running_loop;
+    *out = loop ? loop : Py_None;
+    return 0;
+#elif defined(LOOP_READ_DICT) || defined(LOOP_READ_HOLDER)
+    PyObject *d = PyThreadState_GetDict();
+    if (!d) return 1;
+    PyObject *v = PyDict_GetItemWithError(d, c->running_loop_key);
+    if (!v) {
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            return 1;
+        }
+        *out = Py_None;
+        return 0;
+    }
+#if defined(LOOP_READ_HOLDER)
+    if (!is_holder(c, v)) return 1;
+    running_loop_holder *h = (running_loop_holder *)v;
+    *out = h->rl_pid == atomic_load_explicit(&cached_pid, memory_order_relaxed) ? h->rl_loop
+                                                                                : Py_None;
+#else
+    *out = v;
+#endif
+    return 0;
+#else
+    (void)c;
+    (void)out;
+    return 1;
 #endif
 }
 
-/* New reference to the running loop of this thread, or to None. */
-PyObject *running_loop(core_state *st) {
-#if PY_VERSION_HEX < 0x030C0000
-    PyObject *d = PyThreadState_GetDict();
-    if (d) {
-        PyObject *holder = PyDict_GetItemWithError(d, st->str_running_loop_key);
-        if (!holder) {
-            if (PyErr_Occurred()) return NULL;
-            Py_RETURN_NONE;
-        }
-        if (!st->holder_type &&
-            strstr(Py_TYPE(holder)->tp_name, "_RunningLoopHolder") != NULL &&
-            Py_TYPE(holder)->tp_basicsize == sizeof(running_loop_holder))
-            st->holder_type = (PyTypeObject *)Py_NewRef(Py_TYPE(holder));
-        if (Py_TYPE(holder) == st->holder_type) {
-            running_loop_holder *h = (running_loop_holder *)holder;
-            if (h->rl_pid != atomic_load_explicit(&cached_pid, memory_order_relaxed))
-                Py_RETURN_NONE;
-            return Py_NewRef(h->rl_loop);
-        }
+PyObject *bt_running_loop(bt_compat *c) {
+    int s = LOAD(c->running_loop_read);
+    PyObject *mine = NULL;
+    if (s == BT_READ_PROVEN && read_running_loop(c, &mine) == 0) return Py_NewRef(mine);
+    PyObject *loop = PyObject_CallNoArgs(c->get_running_loop);
+    if (loop && s == BT_READ_UNPROVEN) {
+        int rc = read_running_loop(c, &mine);
+        judge(&c->running_loop_read, rc, mine, loop);
     }
-#elif PY_VERSION_HEX < 0x030D0000
-    PyObject *d = PyThreadState_GetDict();
-    if (d) {
-        PyObject *loop = PyDict_GetItemWithError(d, st->str_running_loop_key);
-        if (loop) return Py_NewRef(loop);
-        if (PyErr_Occurred()) return NULL;
-        Py_RETURN_NONE;
-    }
-#elif PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
-    PyObject **slot = (PyObject **)((char *)PyThreadState_Get() + sizeof(PyThreadState));
-    if (st->tstate_loop_ok > 0) return Py_NewRef(*slot ? *slot : Py_None);
-    PyObject *loop = PyObject_CallNoArgs(st->get_running_loop);
-    if (loop && loop != Py_None && st->tstate_loop_ok == 0)
-        st->tstate_loop_ok = *slot == loop ? 1 : -1;
     return loop;
-#endif
-    return PyObject_CallNoArgs(st->get_running_loop);
 }
 
-/* Raises StopIteration(value) the way `return value` ends a coroutine.
- *
- * From 3.12 the interpreter's SEND no longer uses am_send for objects other
- * than generators and coroutines: it calls tp_iternext and fetches the
- * value out of the StopIteration.  Making that exception (its args tuple,
+/* ---- the current task ------------------------------------------------------
+ * asyncio.current_task(loop) up to 3.13 looks `loop` up in _asyncio's
+ * loop -> task dict (asyncio.tasks._current_tasks); we look it up without
+ * the call.  3.14 moved the running task into the thread state, next to the
+ * running loop, and stopped writing that dict. */
+
+/* The current task of `loop` as the private state holds it (borrowed, or
+ * Py_None): 0, or 1 if the read cannot tell. */
+static int read_current_task(bt_compat *c, PyObject *loop, PyObject **out) {
+#if defined(TASK_READ_TSTATE)
+    (void)c;
+    _PyThreadStateImpl *ts = (_PyThreadStateImpl *)PyThreadState_Get();
+    if (ts->asyncio_running_loop != loop) return 1; /* another thread's loop */
+    *out = ts->asyncio_running_task ? ts->asyncio_running_task : Py_None;
+    return 0;
+#elif defined(TASK_READ_DICT)
+    if (!c->current_tasks) return 1;
+    PyObject *task = PyDict_GetItemWithError(c->current_tasks, loop);
+    if (!task && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 1;
+    }
+    *out = task ? task : Py_None;
+    return 0;
+#else
+    (void)c;
+    (void)loop;
+    (void)out;
+    return 1;
+#endif
+}
+
+PyObject *bt_current_task(bt_compat *c, PyObject *loop) {
+    int s = LOAD(c->current_task_read);
+    PyObject *mine = NULL;
+    if (s == BT_READ_PROVEN && read_current_task(c, loop, &mine) == 0) return Py_NewRef(mine);
+    PyObject *task = PyObject_CallOneArg(c->current_task, loop);
+    if (task && s == BT_READ_UNPROVEN) {
+        int rc = read_current_task(c, loop, &mine);
+        judge(&c->current_task_read, rc, mine, task);
+    }
+    return task;
+}
+
+/* ---- a StopIteration raised again and again ----------------------------------
+ * From 3.12 the interpreter's SEND asks an awaitable that is not a
+ * generator for its next value through tp_iternext, and takes `return
+ * value` out of a StopIteration.  Making that exception (its args tuple,
  * __init__, the context bookkeeping of PyErr_SetObject) was a sixth of an
  * `async with timeout()`.  So one instance is kept and raised again as long
- * as nobody else holds it or its args and it has picked up no traceback,
- * context, cause or notes: SEND reads `value` and drops its reference at
- * once, so in the common case it is ours alone again before the next raise.
- * Its args tuple, ours alone too, is refilled in place, so that whoever
- * catches it sees what StopIteration(value) would show.  Whoever keeps it
- * (a debugger, sys.monitoring, an `except StopIteration as e`) keeps it
- * unchanged: we make a new one. */
-PyObject *raise_stop_iteration(core_state *st, PyObject *value) {
-#ifndef Py_GIL_DISABLED
-    PyObject *e = st->stop_iteration;
-    if (e) {
+ * as nobody else holds it or its args and it picked up no traceback,
+ * context, cause, notes or other attributes: SEND reads `value` and lets go of it at once, so
+ * it is ours alone again before the next raise.  Its args tuple, ours alone
+ * too, is refilled in place, so whoever catches it sees what
+ * StopIteration(value) shows.  Whoever keeps it (a debugger,
+ * sys.monitoring, `except StopIteration as e`) keeps it unchanged: a new
+ * one is made.  The check: the exception struct's fields are what the
+ * public accessors say they are. */
+
+#if defined(STOP_ITERATION_REUSE)
+/* 1 if the fields of a StopIteration are where this build expects them:
+ * set through the public API, seen in the struct. */
+static int stop_iteration_layout_ok(void) {
+    int ok = 0;
+    PyObject *v = PyList_New(0), *ctx = PyList_New(0), *notes = PyList_New(0);
+    PyObject *e = v ? PyObject_CallOneArg(PyExc_StopIteration, v) : NULL;
+    PyObject *args = e ? PyObject_GetAttrString(e, "args") : NULL;
+    PyObject *value = e ? PyObject_GetAttrString(e, "value") : NULL;
+    if (args && value && ctx && notes) {
         PyBaseExceptionObject *b = (PyBaseExceptionObject *)e;
-        if (Py_REFCNT(e) == 1 && !b->traceback && !b->context && !b->cause && !b->notes &&
-            !b->suppress_context && b->args && PyTuple_CheckExact(b->args) &&
-            Py_REFCNT(b->args) == 1 && PyTuple_GET_SIZE(b->args) == 1 &&
-            Py_IS_TYPE(e, (PyTypeObject *)PyExc_StopIteration)) {
-            PyObject *old = PyTuple_GET_ITEM(b->args, 0);
-            PyTuple_SET_ITEM(b->args, 0, Py_NewRef(value));
-            Py_DECREF(old);
-            Py_XSETREF(((PyStopIterationObject *)e)->value, Py_NewRef(value));
-            PyErr_SetRaisedException(Py_NewRef(e));
-            return NULL;
-        }
-        Py_CLEAR(st->stop_iteration);
+        ok = ((PyStopIterationObject *)e)->value == v && value == v && b->args == args &&
+             PyTuple_CheckExact(args) && PyTuple_GET_SIZE(args) == 1 &&
+             PyTuple_GET_ITEM(args, 0) == v && !b->traceback && !b->context && !b->cause &&
+             !b->dict && !b->suppress_context;
+        PyException_SetContext(e, Py_NewRef(ctx));
+        PyException_SetCause(e, Py_NewRef(v));
+        /* notes (and any other attribute) live in the instance dict */
+        ok = ok && b->context == ctx && b->cause == v && b->suppress_context &&
+             PyObject_SetAttrString(e, "__notes__", notes) == 0 && b->dict &&
+             PyDict_CheckExact(b->dict) && PyDict_GetItemString(b->dict, "__notes__") == notes;
     }
-    e = PyObject_CallOneArg(PyExc_StopIteration, value);
-    if (!e) return NULL;
-    st->stop_iteration = Py_NewRef(e);
-    PyErr_SetRaisedException(e);
-    return NULL;
+    Py_XDECREF(args);
+    Py_XDECREF(value);
+    Py_XDECREF(e);
+    Py_XDECREF(v);
+    Py_XDECREF(ctx);
+    Py_XDECREF(notes);
+    PyErr_Clear();
+    return ok;
+}
+
+/* 1 if the kept instance can be raised again for a new value. */
+static int reusable(PyObject *e) {
+    PyBaseExceptionObject *b = (PyBaseExceptionObject *)e;
+    return Py_REFCNT(e) == 1 && !b->traceback && !b->context && !b->cause && !b->dict &&
+           !b->suppress_context && b->args && PyTuple_CheckExact(b->args) &&
+           Py_REFCNT(b->args) == 1 && PyTuple_GET_SIZE(b->args) == 1 &&
+           Py_IS_TYPE(e, (PyTypeObject *)PyExc_StopIteration);
+}
+#endif
+
+PyObject *bt_raise_stop_iteration(bt_compat *c, PyObject *value) {
+#if defined(STOP_ITERATION_REUSE)
+    PyObject *e = c->stop_iteration;
+    if (e && reusable(e)) {
+        PyBaseExceptionObject *b = (PyBaseExceptionObject *)e;
+        PyObject *old = PyTuple_GET_ITEM(b->args, 0);
+        PyTuple_SET_ITEM(b->args, 0, Py_NewRef(value));
+        Py_DECREF(old);
+        Py_XSETREF(((PyStopIterationObject *)e)->value, Py_NewRef(value));
+        PyErr_SetRaisedException(Py_NewRef(e));
+        return NULL;
+    }
+    Py_CLEAR(c->stop_iteration);
 #else
-    PyObject *e = PyObject_CallOneArg(PyExc_StopIteration, value);
-    if (!e) return NULL;
-    PyErr_SetRaisedException(e);
+    (void)c;
+#endif
+    PyObject *n = PyObject_CallOneArg(PyExc_StopIteration, value);
+    if (!n) return NULL;
+#if defined(STOP_ITERATION_REUSE)
+    if (LOAD(c->stop_iteration_read) == BT_READ_PROVEN) c->stop_iteration = Py_NewRef(n);
+#endif
+    PyErr_SetRaisedException(n);
     return NULL;
+}
+
+void bt_forget_stop_iteration(bt_compat *c, PyObject *value) {
+#if defined(STOP_ITERATION_REUSE)
+    PyObject *e = c->stop_iteration;
+    if (!e || Py_REFCNT(e) != 1 || ((PyStopIterationObject *)e)->value != value) return;
+    PyObject *args = ((PyBaseExceptionObject *)e)->args;
+    if (args && PyTuple_CheckExact(args) && Py_REFCNT(args) == 1 &&
+        PyTuple_GET_SIZE(args) == 1 && PyTuple_GET_ITEM(args, 0) == value) {
+        PyTuple_SET_ITEM(args, 0, Py_NewRef(Py_None));
+        Py_DECREF(value);
+        Py_SETREF(((PyStopIterationObject *)e)->value, Py_NewRef(Py_None));
+    } else {
+        Py_CLEAR(c->stop_iteration);
+    }
+#else
+    (void)c;
+    (void)value;
 #endif
 }
 
-/* Drops the kept StopIteration's references to `value` if it still has
- * them and nobody else holds it (so that a Timeout is not kept alive by
- * it). */
-void forget_stop_iteration(core_state *st, PyObject *value) {
-#ifndef Py_GIL_DISABLED
-    PyObject *e = st->stop_iteration;
-    if (e && Py_REFCNT(e) == 1 && ((PyStopIterationObject *)e)->value == value) {
-        PyObject *args = ((PyBaseExceptionObject *)e)->args;
-        if (args && PyTuple_CheckExact(args) && Py_REFCNT(args) == 1 &&
-            PyTuple_GET_SIZE(args) == 1 && PyTuple_GET_ITEM(args, 0) == value) {
-            PyTuple_SET_ITEM(args, 0, Py_NewRef(Py_None));
-            Py_DECREF(value);
-            Py_SETREF(((PyStopIterationObject *)e)->value, Py_NewRef(Py_None));
-        } else {
-            Py_CLEAR(st->stop_iteration);
-        }
+/* ---- cr_await of a coroutine ----------------------------------------------
+ * wait_for() asks whether the coroutine it is given is already being
+ * awaited.  The coroutine type's own getter answers without the attribute
+ * lookup; the check: the type's cr_await descriptor is that getter. */
+
+#if defined(CR_AWAIT_GETTER)
+static getter find_cr_await_getter(void) {
+    getter g = NULL;
+    for (PyGetSetDef *d = PyCoro_Type.tp_getset; d && d->name; d++)
+        if (strcmp(d->name, "cr_await") == 0 && !d->closure) g = d->get;
+    PyObject *descr = PyObject_GetAttrString((PyObject *)&PyCoro_Type, "cr_await");
+    if (!descr) {
+        PyErr_Clear();
+        return NULL;
     }
-#else
-    (void)st;
-    (void)value;
+    int same = Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
+               ((PyGetSetDescrObject *)descr)->d_getset->get == g;
+    Py_DECREF(descr);
+    return same ? g : NULL;
+}
 #endif
+
+PyObject *bt_coro_await(bt_compat *c, PyObject *coro) {
+    if (LOAD(c->cr_await_read) == BT_READ_PROVEN) return c->cr_await_getter(coro, NULL);
+    return PyObject_GetAttr(coro, c->str_cr_await);
+}
+
+/* ---- set-up ------------------------------------------------------------------ */
+
+static int public_api_forced(void) {
+    const char *v = getenv("BUCKETIMER_PUBLIC_API");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+PyObject *bt_import_attr(const char *module, const char *name) {
+    PyObject *m = PyImport_ImportModule(module);
+    if (!m) return NULL;
+    PyObject *a = PyObject_GetAttrString(m, name);
+    Py_DECREF(m);
+    return a;
+}
+
+/* The state each read starts in; `gated_in` says whether this build has it. */
+static void start(_Atomic int *state, int gated_in, int forced, int start_as) {
+    atomic_init(state, !gated_in ? BT_READ_OFF_VERSION : forced ? BT_READ_OFF_ENV : start_as);
+}
+
+int bt_compat_init(bt_compat *c) {
+    int forced = public_api_forced();
+    c->get_running_loop = bt_import_attr("asyncio.events", "_get_running_loop");
+    if (!c->get_running_loop) return -1;
+    c->current_task = bt_import_attr("asyncio.tasks", "current_task");
+    if (!c->current_task) return -1;
+    c->str_cr_await = PyUnicode_InternFromString("cr_await");
+    if (!c->str_cr_await) return -1;
+
+    int loop_in = 0, task_in = 0, stop_in = 0, await_in = 0, stop_ok = 0;
+#if defined(LOOP_READ_HOLDER) || defined(LOOP_READ_DICT) || defined(LOOP_READ_TSTATE)
+    loop_in = 1;
+#endif
+#if defined(LOOP_READ_HOLDER)
+    pthread_once(&pid_once, install_pid_cache);
+#endif
+#if defined(LOOP_READ_HOLDER) || defined(LOOP_READ_DICT)
+    c->running_loop_key = PyUnicode_InternFromString("__asyncio_running_event_loop__");
+    if (!c->running_loop_key) return -1;
+#endif
+#if defined(TASK_READ_DICT)
+    /* _asyncio's dict, which asyncio.tasks re-exports; anything else
+     * (the pure-Python fallback's dict, say) is not read. */
+    PyObject *ct = bt_import_attr("_asyncio", "_current_tasks");
+    if (ct && PyDict_CheckExact(ct)) c->current_tasks = ct;
+    else Py_XDECREF(ct);
+    PyErr_Clear();
+    task_in = c->current_tasks != NULL;
+#elif defined(TASK_READ_TSTATE)
+    task_in = 1;
+#endif
+#if defined(STOP_ITERATION_REUSE)
+    stop_in = 1;
+    stop_ok = stop_iteration_layout_ok();
+#endif
+#if defined(CR_AWAIT_GETTER)
+    c->cr_await_getter = find_cr_await_getter();
+    await_in = c->cr_await_getter != NULL;
+#endif
+    start(&c->running_loop_read, loop_in, forced, BT_READ_UNPROVEN);
+    start(&c->current_task_read, task_in, forced, BT_READ_UNPROVEN);
+    start(&c->stop_iteration_read, stop_in, forced,
+          stop_ok ? BT_READ_PROVEN : BT_READ_OFF_MISMATCH);
+    start(&c->cr_await_read, await_in, forced, BT_READ_PROVEN);
+    return 0;
+}
+
+int bt_compat_traverse(bt_compat *c, visitproc visit, void *arg) {
+    Py_VISIT(c->get_running_loop);
+    Py_VISIT(c->current_task);
+    Py_VISIT(c->holder_type);
+    Py_VISIT(c->current_tasks);
+    Py_VISIT(c->stop_iteration);
+    return 0;
+}
+
+void bt_compat_clear(bt_compat *c) {
+    Py_CLEAR(c->get_running_loop);
+    Py_CLEAR(c->current_task);
+    Py_CLEAR(c->str_cr_await);
+    Py_CLEAR(c->running_loop_key);
+    Py_CLEAR(c->holder_type);
+    Py_CLEAR(c->current_tasks);
+    Py_CLEAR(c->stop_iteration);
+}
+
+static const char *state_name(int s) {
+    switch (s) {
+    case BT_READ_PROVEN: return "private";
+    case BT_READ_UNPROVEN: return "unproven";
+    case BT_READ_OFF_MISMATCH: return "public: disagreed with the public API";
+    case BT_READ_OFF_ENV: return "public: BUCKETIMER_PUBLIC_API";
+    default: return "public: not available on this CPython build";
+    }
+}
+
+PyObject *bt_compat_status(bt_compat *c) {
+    return Py_BuildValue("{ssssssss}", "running_loop", state_name(LOAD(c->running_loop_read)),
+                         "current_task", state_name(LOAD(c->current_task_read)),
+                         "stop_iteration", state_name(LOAD(c->stop_iteration_read)),
+                         "cr_await", state_name(LOAD(c->cr_await_read)));
 }

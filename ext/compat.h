@@ -1,13 +1,29 @@
 /*
- * compat.h -- what differs between the CPython versions bucketimer._core
- * builds for.
+ * compat.h -- the one place bucketimer._core reads CPython's private state,
+ * and the public-API spellings older versions lack.
+ *
+ * Each private read ("read" below) answers a question the public API also
+ * answers, only faster.  A read is used
+ *   1. only on the CPython versions it was checked against (a gate at
+ *      compile time: a newer CPython builds without it),
+ *   2. only once a self-check saw it give the public API's answer, and
+ *   3. never when BUCKETIMER_PUBLIC_API=1 is in the environment at import.
+ * Until then, and for good once the two ever disagree, the public API
+ * answers.  So a version newer than the last one checked runs slower, never
+ * wrong.  docs/design.rst ("Reads of CPython internals") lists each read,
+ * what it saves and how it fails safe; _core._compat_status() reports which
+ * reads are in use.
+ *
+ * Free threading: every read is per thread or per immutable object, and its
+ * state word is atomic; the reused StopIteration is compiled out there.
  */
 #ifndef BT_EXT_COMPAT_H
 #define BT_EXT_COMPAT_H
 
 #include <Python.h>
+#include <stdatomic.h>
 
-/* ---- compatibility: 3.11 lacks a few 3.12 spellings ------------------- */
+/* ---- public API that 3.11 spells differently ---------------------------- */
 
 #if PY_VERSION_HEX < 0x030C0000
 #include <structmember.h>
@@ -29,7 +45,8 @@ static inline void PyErr_SetRaisedException(PyObject *exc) {
 }
 #endif
 
-/* getattr(o, name, None) without None: 1 found, 0 not, -1 error. */
+/* getattr(o, name) without raising AttributeError: 1 found (*out set), 0
+ * not found, -1 error. */
 static inline int optional_attr(PyObject *o, PyObject *name, PyObject **out) {
 #if PY_VERSION_HEX >= 0x030D0000
     return PyObject_GetOptionalAttr(o, name, out);
@@ -41,5 +58,59 @@ static inline int optional_attr(PyObject *o, PyObject *name, PyObject **out) {
     return 0;
 #endif
 }
+
+/* A new reference to the attribute `name` of the module `module`. */
+PyObject *bt_import_attr(const char *module, const char *name);
+
+/* ---- the reads ---------------------------------------------------------- */
+
+/* What a read's state word holds. */
+enum bt_read_state {
+    BT_READ_OFF_VERSION = -3, /* not on this CPython build: public API */
+    BT_READ_OFF_ENV = -2,     /* BUCKETIMER_PUBLIC_API=1: public API */
+    BT_READ_OFF_MISMATCH = -1, /* disagreed with the public API once: public API */
+    BT_READ_UNPROVEN = 0,     /* both asked, until the first telling answer */
+    BT_READ_PROVEN = 1        /* in use */
+};
+
+typedef struct bt_compat {
+    /* the public API each read stands in for */
+    PyObject *get_running_loop; /* asyncio.events._get_running_loop */
+    PyObject *current_task;     /* asyncio.tasks.current_task */
+    PyObject *str_cr_await;     /* "cr_await" */
+    /* one state word per read */
+    _Atomic int running_loop_read;
+    _Atomic int current_task_read;
+    _Atomic int stop_iteration_read;
+    _Atomic int cr_await_read;
+    /* what the reads need */
+    PyObject *running_loop_key;  /* 3.11-3.12: thread-state dict key */
+    PyTypeObject *holder_type;   /* 3.11: _asyncio._RunningLoopHolder, once seen */
+    PyObject *current_tasks;     /* 3.11-3.13: _asyncio's loop -> task dict */
+    PyObject *stop_iteration;    /* the StopIteration raised again and again */
+    getter cr_await_getter;      /* the coroutine type's cr_await getter */
+} bt_compat;
+
+/* Imports what the public twins need, runs the checks that need no running
+ * loop, and applies the gates and BUCKETIMER_PUBLIC_API.  -1 on error. */
+int bt_compat_init(bt_compat *c);
+int bt_compat_traverse(bt_compat *c, visitproc visit, void *arg);
+void bt_compat_clear(bt_compat *c);
+/* {read name: "private" | "unproven" | "public: <why>"} */
+PyObject *bt_compat_status(bt_compat *c);
+
+/* The running loop of this thread (new reference), or None: what
+ * asyncio._get_running_loop() returns. */
+PyObject *bt_running_loop(bt_compat *c);
+/* The current task of `loop`, the running loop of this thread (new
+ * reference), or None: what asyncio.current_task(loop) returns. */
+PyObject *bt_current_task(bt_compat *c, PyObject *loop);
+/* Raises StopIteration(value), as `return value` ends a coroutine; returns
+ * NULL. */
+PyObject *bt_raise_stop_iteration(bt_compat *c, PyObject *value);
+/* Lets go of `value` if the StopIteration kept for reuse still holds it. */
+void bt_forget_stop_iteration(bt_compat *c, PyObject *value);
+/* coro.cr_await of a native coroutine (new reference). */
+PyObject *bt_coro_await(bt_compat *c, PyObject *coro);
 
 #endif

@@ -1,9 +1,13 @@
 /*
  * handle.c -- bucketimer.Handle: one scheduled callback.
+ *
+ * While its timer is PENDING or POSTED, the core's slot owns one reference
+ * to the Handle, taken at schedule.  Exactly one party drops it, always
+ * with the GIL: cancel() when its CAS wins, the port's consumer after
+ * running the callback, or TimerThread.close() for the timers it drops
+ * (docs/design.rst, "Ownership of a Handle").
  */
 #include "module.h"
-
-/* ---- Handle ------------------------------------------------------------- */
 
 static int Handle_traverse(HandleObject *self, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(self));
@@ -24,45 +28,20 @@ static int Handle_clear(HandleObject *self) {
     return 0;
 }
 
-/* A small free list of Handle objects: a schedule+cancel pair then costs no
- * allocation and no step towards a GC collection.  Only with the GIL, which
- * serialises it; free-threaded builds allocate every time. */
-#ifndef Py_GIL_DISABLED
-#define HANDLE_FREELIST_MAX 256
-static HandleObject *handle_freelist[HANDLE_FREELIST_MAX];
-static int handle_freelist_len;
-#endif
-
 static void Handle_dealloc(HandleObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
     Handle_clear(self);
-#ifndef Py_GIL_DISABLED
-    if (handle_freelist_len < HANDLE_FREELIST_MAX && Py_IS_TYPE(self, tp) &&
-        !(tp->tp_flags & Py_TPFLAGS_BASETYPE)) {
-        handle_freelist[handle_freelist_len++] = self;
-        Py_DECREF(tp); /* PyObject_Init takes it again on reuse */
-        return;
-    }
-#endif
+    core_state *st = PyType_GetModuleState(tp);
+    if (st && tp == st->Handle_Type && bt_freelist_put(&st->handles, (PyObject *)self)) return;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
-HandleObject *handle_alloc(PyTypeObject *tp) {
-#ifndef Py_GIL_DISABLED
-    if (handle_freelist_len > 0) {
-        HandleObject *h = handle_freelist[--handle_freelist_len];
-        if (Py_TYPE(h) == tp) {
-            (void)PyObject_Init((PyObject *)h, tp);
-            return h;
-        }
-        /* another interpreter's (or a reloaded module's) type: let it go */
-        PyObject_GC_Del(h);
-    }
-#endif
-    return PyObject_GC_New(HandleObject, tp);
+HandleObject *handle_alloc(core_state *st) {
+    HandleObject *h = (HandleObject *)bt_freelist_take(&st->handles, st->Handle_Type);
+    return h ? h : PyObject_GC_New(HandleObject, st->Handle_Type);
 }
 
 /* Drops what a finished handle no longer needs (the tt and port stay, so

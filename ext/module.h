@@ -15,6 +15,7 @@
 
 #include "bucketimer.h"
 #include "compat.h"
+#include "freelist.h"
 
 static inline PyObject *tuple_from_array(PyObject *const *items, Py_ssize_t n) {
     PyObject *t = PyTuple_New(n);
@@ -25,45 +26,37 @@ static inline PyObject *tuple_from_array(PyObject *const *items, Py_ssize_t n) {
 
 /* ---- module state ------------------------------------------------------- */
 
+#define HANDLE_FREELIST 256 /* a burst of call_later+cancel pairs */
+#define TIMEOUT_FREELIST 16 /* nested `async with timeout()` blocks */
+#define STEP_FREELIST 2     /* __aenter__'s, then __aexit__'s */
+
 typedef struct {
-    PyTypeObject *TimerThread_Type;
-    PyTypeObject *Handle_Type;
-    PyTypeObject *Port_Type;
-    PyObject *get_running_loop; /* asyncio's C _get_running_loop */
-    PyObject *str_port_for;     /* "_port_for" */
-    PyTypeObject *Scheduler_Type;
-    PyTypeObject *Timeout_Type;
-    PyTypeObject *Ready_Type;
-    PyObject *ready_none;        /* an awaitable that returns None at once */
-    PyObject *ready_spare;       /* a free Ready object (owned, not initialised), or NULL */
-    PyObject *stop_iteration;    /* the StopIteration raise_stop_iteration reuses */
-#define TIMEOUT_FREELIST_MAX 16
-    struct TimeoutObject *timeout_free[TIMEOUT_FREELIST_MAX]; /* dead, kept for reuse */
-    int timeout_nfree;
-    PyTypeObject *WaitFor_Type;  /* 3.12 and later */
-    getter coro_await_getter;    /* the coroutine type's cr_await, read directly */
-    PyTypeObject *task_type;     /* asyncio.Task (the C one when present) */
-    PyObject *task_cancelling;   /* its cancelling method descriptor */
-    PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive */
-    PyObject *str_cr_await, *str_close, *str_throw;
-    PyObject *current_tasks;     /* asyncio's loop -> current task dict, or NULL */
-    PyObject *current_task;      /* asyncio.current_task */
+    /* types */
+    PyTypeObject *TimerThread_Type, *Handle_Type, *Port_Type, *Scheduler_Type;
+    PyTypeObject *Timeout_Type, *Step_Type, *WaitFor_Type; /* WaitFor: 3.12+ */
+    /* CPython's private state, read through compat.c */
+    bt_compat compat;
+    /* asyncio's objects that the helpers call or compare with */
+    PyTypeObject *task_type;   /* asyncio.Task (the C one when present) */
+    PyObject *task_cancelling; /* its cancelling() method descriptor */
     PyObject *CancelledError;
     PyObject *ExceptionGroup;
-    PyObject *insert_timeout_error; /* 3.13's Timeout._insert_timeout_error, or NULL */
-    PyObject *default_factory;   /* bucketimer.default_timer_thread */
-    PyObject *default_tt;        /* what it last returned */
-    PyObject *str_time, *str_call_soon, *str_cancelling, *str_uncancel, *str_cancel;
-    PyObject *stock_time;            /* asyncio.BaseEventLoop.time */
-    PyTypeObject *time_checked_type; /* last loop type looked at (borrowed id) */
-    int time_checked_is_stock;
-    PyObject *str_running_loop_key;  /* where _asyncio keeps it, up to 3.12 */
-#if PY_VERSION_HEX < 0x030C0000
-    PyTypeObject *holder_type;  /* _asyncio._RunningLoopHolder, once seen */
-#endif
-    /* 3.13: whether the loop found right after the PyThreadState proved to
-     * be _get_running_loop()'s answer: 0 not yet seen, 1 yes, -1 no */
-    int tstate_loop_ok;
+    PyObject *stock_time;      /* asyncio.BaseEventLoop.time */
+    /* bucketimer's Python side, registered when bucketimer is imported */
+    PyObject *default_factory;      /* bucketimer.default_timer_thread */
+    PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive (3.12+) */
+    /* caches, written with the GIL held */
+    PyObject *default_tt;            /* what default_factory last returned */
+    PyTypeObject *time_checked_type; /* the last loop type looked at (only compared) */
+    int time_checked_is_stock;       /* ... and whether it has the stock time() */
+    /* free lists (freelist.h) and their storage */
+    bt_freelist handles, timeouts, steps;
+    PyObject *handle_store[HANDLE_FREELIST];
+    PyObject *timeout_store[TIMEOUT_FREELIST];
+    PyObject *step_store[STEP_FREELIST];
+    /* interned names */
+    PyObject *str_port_for, *str_time, *str_call_soon, *str_cancel, *str_cancelling;
+    PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions;
 } core_state;
 
 static inline core_state *get_state(PyObject *module) {
@@ -140,16 +133,10 @@ typedef struct TimeoutObject {
 
 /* ---- types (their specs, added to the module by module.c) --------------- */
 
-extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Ready_spec,
+extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
     Timeout_spec, WaitFor_spec;
 
 /* ---- across files ------------------------------------------------------- */
-
-/* compat.c */
-void running_loop_init(void);
-PyObject *running_loop(core_state *st);
-PyObject *raise_stop_iteration(core_state *st, PyObject *value);
-void forget_stop_iteration(core_state *st, PyObject *value);
 
 /* timer_thread.c */
 PyObject *raise_errno(int rc, const char *what);
@@ -167,7 +154,7 @@ PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyO
 TimerThreadObject *default_tt(core_state *st);
 
 /* handle.c */
-HandleObject *handle_alloc(PyTypeObject *tp);
+HandleObject *handle_alloc(core_state *st);
 void handle_release_callback(HandleObject *self);
 int handle_cancel(HandleObject *self);
 void drop_handle(void *ctx, bt_port *port, void *payload);
@@ -179,12 +166,11 @@ PortObject *port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop
 PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
 
 /* timeout.c */
-PyObject *ready_new(core_state *st, PyObject *value);
 PyObject *throw_args_exception(PyObject *const *args, Py_ssize_t nargs);
 PyObject *need_running_loop(core_state *st);
 PyObject *timeout_on_loop(core_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns);
 int timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns);
-PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs);
+int timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val);
 PyObject *timeout_fire(PyObject *timeout);
 PyObject *core_timeout(PyObject *m, PyObject *delay);
 PyObject *core_timeout_at(PyObject *m, PyObject *when);

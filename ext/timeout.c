@@ -1,58 +1,460 @@
 /*
- * timeout.c -- Timeout, timeout() and timeout_at().
+ * timeout.c -- bucketimer.Timeout, timeout() and timeout_at(): asyncio's
+ * Timeout with its timer in the core.
+ *
+ * The state machine is asyncio.timeouts.Timeout's of the running Python.
+ * 3.11 and 3.12 turn exactly the CancelledError their expiry caused into
+ * TimeoutError; from 3.13 a subclass of it too, and a TimeoutError is put
+ * into the context chain of any other exception raised while the
+ * cancellation was handled.  docs/asyncio.rst says which release follows
+ * which.  What makes it cheap: __aenter__ and __aexit__ return a Step, an
+ * awaitable that does its work the first time it is driven and never
+ * suspends, and the expiry timer is a Handle whose callback is the Timeout
+ * itself (no bound method, no context copy).
  */
 #include "module.h"
 
-/* ---- Ready: an awaitable that is already done ----------------------------
- * What Timeout.__aenter__/__aexit__ return: awaiting it never suspends. */
+static const char *const timeout_state_names[] = {"created", "active", "expiring", "expired",
+                                                   "finished"};
 
-typedef struct {
-    PyObject_HEAD
-    core_state *st;
-    PyObject *value;
-} ReadyObject;
+/* ---- the loop's clock ------------------------------------------------------ */
 
-PyObject *ready_new(core_state *st, PyObject *value) {
-    if (value == Py_None && st->ready_none) return Py_NewRef(st->ready_none);
-    ReadyObject *r;
-#ifndef Py_GIL_DISABLED
-    if (st->ready_spare) {
-        r = (ReadyObject *)st->ready_spare;
-        st->ready_spare = NULL;
-        (void)PyObject_Init((PyObject *)r, st->Ready_Type);
-    } else
-#endif
-    {
-        r = PyObject_New(ReadyObject, st->Ready_Type);
-        if (!r) return NULL;
+/* Whether `loop`'s class keeps asyncio's BaseEventLoop.time, i.e.
+ * time.monotonic(), the core's clock: then it is read directly, which on
+ * 3.12 saves a quarter of an `async with timeout()`.  The answer is cached
+ * for the last loop class seen; patching `time` on a class after it was
+ * first seen here goes unnoticed. */
+static int loop_time_is_stock(core_state *st, PyObject *loop) {
+    PyTypeObject *tp = Py_TYPE(loop);
+    if (tp != st->time_checked_type) {
+        PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
+        if (!f) return -1;
+        st->time_checked_is_stock = (f == st->stock_time);
+        st->time_checked_type = tp;
+        Py_DECREF(f);
     }
-    r->st = st;
-    r->value = Py_NewRef(value);
-    return (PyObject *)r;
+    return st->time_checked_is_stock;
 }
 
-static void Ready_dealloc(ReadyObject *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    Py_CLEAR(self->value);
-#ifndef Py_GIL_DISABLED
-    /* One spare: __aenter__ makes one, the await drops it at once. */
-    if (!self->st->ready_spare && self->st->Ready_Type == tp &&
-        self != (ReadyObject *)self->st->ready_none) {
-        self->st->ready_spare = (PyObject *)self;
-        Py_DECREF(tp);
-        return;
+static PyObject *loop_time(core_state *st, PyObject *loop) {
+    int stock = loop_time_is_stock(st, loop);
+    if (stock < 0) return NULL;
+    /* time.monotonic() computes the same double from the same ns */
+    if (stock) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
+    return PyObject_CallMethodNoArgs(loop, st->str_time);
+}
+
+/* `when <= loop.time()`, as asyncio's reschedule() asks it.  `now_ns`, if
+ * not negative, is the stock clock read a moment ago by the same caller
+ * (no Python code ran in between). */
+static int deadline_reached(core_state *st, PyObject *loop, PyObject *when, int64_t now_ns) {
+    if (PyFloat_CheckExact(when)) {
+        int stock = loop_time_is_stock(st, loop);
+        if (stock < 0) return -1;
+        if (stock)
+            return PyFloat_AS_DOUBLE(when) <= (double)(now_ns >= 0 ? now_ns : bt_now_ns()) / 1e9;
     }
-#endif
+    PyObject *now = loop_time(st, loop);
+    if (!now) return -1;
+    int past = PyObject_RichCompareBool(when, now, Py_LE);
+    Py_DECREF(now);
+    return past;
+}
+
+PyObject *need_running_loop(core_state *st) {
+    PyObject *loop = bt_running_loop(&st->compat);
+    if (loop == Py_None) {
+        Py_DECREF(loop);
+        PyErr_SetString(PyExc_RuntimeError, "no running event loop");
+        return NULL;
+    }
+    return loop;
+}
+
+/* ---- the Timeout object ---------------------------------------------------- */
+
+static int Timeout_traverse(TimeoutObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->when);
+    Py_VISIT(self->handler);
+    Py_VISIT(self->task);
+    Py_VISIT(self->on_timeout);
+    return 0;
+}
+
+static int Timeout_clear(TimeoutObject *self) {
+    Py_CLEAR(self->when);
+    Py_CLEAR(self->handler);
+    Py_CLEAR(self->task);
+    Py_CLEAR(self->on_timeout);
+    return 0;
+}
+
+static void Timeout_dealloc(TimeoutObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    Timeout_clear(self);
+    if (tp == self->st->Timeout_Type && bt_freelist_put(&self->st->timeouts, (PyObject *)self))
+        return;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
-static PyObject *Ready_await(ReadyObject *self) { return Py_NewRef(self); }
-
-static PyObject *Ready_iternext(ReadyObject *self) {
-    if (self->value == Py_None) return NULL; /* exhausted: the result is None */
-    return raise_stop_iteration(self->st, self->value);
+static PyObject *timeout_make(core_state *st, PyObject *when) {
+    TimeoutObject *self = (TimeoutObject *)bt_freelist_take(&st->timeouts, st->Timeout_Type);
+    if (!self && !(self = PyObject_GC_New(TimeoutObject, st->Timeout_Type))) return NULL;
+    self->st = st;
+    self->state = T_CREATED;
+    self->cancelling = 0;
+    self->when = Py_NewRef(when);
+    self->handler = self->task = self->on_timeout = NULL;
+    self->weakreflist = NULL;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
 }
+
+static PyObject *Timeout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"when", NULL};
+    PyObject *when;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Timeout", kwlist, &when)) return NULL;
+    PyObject *m = PyType_GetModuleByDef(type, &core_module);
+    if (!m) return NULL;
+    return timeout_make(get_state(m), when);
+}
+
+/* ---- arming and disarming the expiry --------------------------------------- */
+
+static int cancel_any_handle(core_state *st, PyObject *h) {
+    if (Py_IS_TYPE(h, st->Handle_Type)) {
+        handle_cancel((HandleObject *)h);
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(h, st->str_cancel);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int timeout_disarm(TimeoutObject *self) {
+    PyObject *h = self->handler;
+    if (!h) return 0;
+    self->handler = NULL;
+    int rc = cancel_any_handle(self->st, h);
+    Py_DECREF(h);
+    return rc;
+}
+
+static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored));
+static PyMethodDef on_timeout_def = {"_on_timeout", (PyCFunction)Timeout_on_timeout, METH_NOARGS,
+                                     NULL};
+
+/* A deadline already reached goes to loop.call_soon, as in asyncio: it
+ * fires on the very next iteration, in order with other ready callbacks. */
+static PyObject *expire_soon(TimeoutObject *self, PyObject *loop) {
+    if (!self->on_timeout) {
+        self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
+        if (!self->on_timeout) return NULL;
+    }
+    return PyObject_CallMethodOneArg(loop, self->st->str_call_soon, self->on_timeout);
+}
+
+/* A deadline in the future goes to the core: the handle expires this
+ * Timeout directly. */
+static PyObject *expire_at(TimeoutObject *self, PyObject *loop) {
+    double t;
+    if (to_seconds(self->when, "when", &t) < 0) return NULL;
+    TimerThreadObject *tt = default_tt(self->st);
+    if (!tt || check_open(tt) < 0) return NULL;
+    return schedule_resolved(tt, 1, t, (PyObject *)self, NULL, 0, loop, NULL, SCHED_TIMEOUT);
+}
+
+/* Arms the expiry for self->when on the running `loop` (`now_ns` as for
+ * deadline_reached()). */
+static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
+    if (self->when == Py_None) return 0;
+    int past = deadline_reached(self->st, loop, self->when, now_ns);
+    if (past < 0) return -1;
+    PyObject *h = past ? expire_soon(self, loop) : expire_at(self, loop);
+    if (!h) return -1;
+    self->handler = h;
+    return 0;
+}
+
+static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
+    if (self->state != T_ENTERED) {
+        if (self->state == T_CREATED)
+            PyErr_SetString(PyExc_RuntimeError, "Timeout has not been entered");
+        else
+            PyErr_Format(PyExc_RuntimeError, "Cannot change state of %s Timeout",
+                         timeout_state_names[self->state]);
+        return NULL;
+    }
+    Py_SETREF(self->when, Py_NewRef(when));
+    if (timeout_disarm(self) < 0) return NULL;
+    if (when == Py_None) Py_RETURN_NONE;
+    PyObject *loop = need_running_loop(self->st);
+    if (!loop) return NULL;
+    int rc = timeout_arm(self, loop, -1);
+    Py_DECREF(loop);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->state != T_ENTERED || !self->task) Py_RETURN_NONE; /* cannot happen: cancel won */
+    PyObject *r = PyObject_CallMethodNoArgs(self->task, self->st->str_cancel);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    self->state = T_EXPIRING;
+    Py_CLEAR(self->handler); /* drop the reference early, as asyncio does */
+    Py_RETURN_NONE;
+}
+
+PyObject *timeout_fire(PyObject *timeout) {
+    return Timeout_on_timeout((TimeoutObject *)timeout, NULL);
+}
+
+/* ---- entering ----------------------------------------------------------------- */
+
+/* task.cancelling().  For asyncio's own Task type the method is called
+ * through its descriptor, which skips looking in the task's __dict__. */
+static PyObject *task_cancelling(core_state *st, PyObject *task) {
+    if (Py_TYPE(task) == st->task_type && st->task_cancelling)
+        return PyObject_Vectorcall(st->task_cancelling, &task, 1, NULL);
+    return PyObject_CallMethodNoArgs(task, st->str_cancelling);
+}
+
+/* What __aenter__ does, on the running `loop` (`now_ns` as for
+ * deadline_reached()). */
+int timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
+    core_state *st = self->st;
+    if (self->state != T_CREATED) {
+        PyErr_SetString(PyExc_RuntimeError, "Timeout has already been entered");
+        return -1;
+    }
+    PyObject *task = bt_current_task(&st->compat, loop);
+    if (!task) return -1;
+    if (task == Py_None) {
+        Py_DECREF(task);
+        PyErr_SetString(PyExc_RuntimeError, "Timeout should be used inside a task");
+        return -1;
+    }
+    self->state = T_ENTERED;
+    Py_XSETREF(self->task, task);
+    PyObject *c = task_cancelling(st, task);
+    if (!c) return -1;
+    self->cancelling = PyLong_AsLong(c);
+    Py_DECREF(c);
+    if (self->cancelling == -1 && PyErr_Occurred()) return -1;
+    return timeout_arm(self, loop, now_ns);
+}
+
+/* ---- exiting ------------------------------------------------------------------ */
+
+/* raise TimeoutError from exc, inside the handling of exc */
+static int raise_timeout_from(PyObject *exc) {
+    PyObject *te = PyObject_CallNoArgs(PyExc_TimeoutError);
+    if (!te) return -1;
+    if (exc && exc != Py_None) {
+        PyException_SetCause(te, Py_NewRef(exc));
+        PyException_SetContext(te, Py_NewRef(exc));
+    }
+    PyErr_SetRaisedException(te);
+    return -1;
+}
+
+#if PY_VERSION_HEX >= 0x030D0000
+/* The first CancelledError in exc's context chain gets a TimeoutError put
+ * in front of it (asyncio's Timeout._insert_timeout_error, 3.13). */
+static int insert_timeout_error(core_state *st, PyObject *exc) {
+    Py_INCREF(exc);
+    PyObject *ctx;
+    while ((ctx = PyException_GetContext(exc)) != NULL) {
+        int cancelled = PyObject_IsInstance(ctx, st->CancelledError);
+        if (cancelled) {
+            PyObject *te = cancelled > 0 ? PyObject_CallNoArgs(PyExc_TimeoutError) : NULL;
+            if (te) {
+                PyException_SetContext(te, Py_NewRef(ctx));
+                PyException_SetCause(te, Py_NewRef(ctx));
+                PyException_SetContext(exc, te);
+            }
+            Py_DECREF(ctx);
+            Py_DECREF(exc);
+            return te ? 0 : -1;
+        }
+        Py_SETREF(exc, ctx);
+    }
+    Py_DECREF(exc);
+    return 0;
+}
+
+/* insert_timeout_error() on each exception of an ExceptionGroup. */
+static int insert_timeout_error_each(core_state *st, PyObject *group) {
+    PyObject *excs = PyObject_GetAttr(group, st->str_exceptions);
+    if (!excs) return -1;
+    PyObject *it = PyObject_GetIter(excs);
+    Py_DECREF(excs);
+    if (!it) return -1;
+    PyObject *e;
+    int rc = 0;
+    while (rc == 0 && (e = PyIter_Next(it)) != NULL) {
+        rc = insert_timeout_error(st, e);
+        Py_DECREF(e);
+    }
+    Py_DECREF(it);
+    return rc < 0 || PyErr_Occurred() ? -1 : 0;
+}
+#endif
+
+/* The exit of an expired Timeout whose cancellation nobody else asked for:
+ * the CancelledError it caused becomes TimeoutError. */
+static int expired_exit(core_state *st, PyObject *exc_type, PyObject *exc_val) {
+#if PY_VERSION_HEX >= 0x030D0000
+    int sub = PyObject_IsSubclass(exc_type, st->CancelledError);
+    if (sub < 0) return -1;
+    if (sub) return raise_timeout_from(exc_val);
+    if (exc_val == Py_None) return 0;
+    if (insert_timeout_error(st, exc_val) < 0) return -1;
+    int group = PyObject_IsInstance(exc_val, st->ExceptionGroup);
+    if (group <= 0) return group;
+    return insert_timeout_error_each(st, exc_val);
+#else
+    if (exc_type == st->CancelledError) return raise_timeout_from(exc_val);
+    return 0;
+#endif
+}
+
+/* What __aexit__ does. */
+int timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val) {
+    core_state *st = self->st;
+    if (self->state != T_ENTERED && self->state != T_EXPIRING) {
+        PyErr_Format(PyExc_AssertionError, "__aexit__ of a %s Timeout",
+                     timeout_state_names[self->state]);
+        return -1;
+    }
+    bt_forget_stop_iteration(&st->compat, (PyObject *)self);
+    if (timeout_disarm(self) < 0) return -1;
+    if (self->state == T_ENTERED) {
+        self->state = T_EXITED;
+        return 0;
+    }
+    self->state = T_EXPIRED;
+    PyObject *n = PyObject_CallMethodNoArgs(self->task, st->str_uncancel);
+    if (!n) return -1;
+    long left = PyLong_AsLong(n);
+    Py_DECREF(n);
+    if (left == -1 && PyErr_Occurred()) return -1;
+    if (left > self->cancelling || exc_type == Py_None) return 0;
+    return expired_exit(st, exc_type, exc_val);
+}
+
+/* ---- Step: what __aenter__ and __aexit__ return -------------------------------
+ * asyncio's __aenter__ and __aexit__ are coroutines: calling one does
+ * nothing until it is driven.  A Step is such a coroutine for one Timeout:
+ * the first send() enters or exits the Timeout and ends, so an `await`
+ * never suspends; closed or thrown into before that, it never runs. */
+
+enum { STEP_ENTER, STEP_EXIT, STEP_DONE };
+
+typedef struct {
+    PyObject_HEAD
+    core_state *st;
+    int op;
+    TimeoutObject *timeout;       /* until the step ran */
+    PyObject *exc_type, *exc_val; /* __aexit__'s arguments */
+} StepObject;
+
+static PyObject *step_new(TimeoutObject *t, int op, PyObject *exc_type, PyObject *exc_val) {
+    core_state *st = t->st;
+    StepObject *s = (StepObject *)bt_freelist_take(&st->steps, st->Step_Type);
+    if (!s && !(s = PyObject_GC_New(StepObject, st->Step_Type))) return NULL;
+    s->st = st;
+    s->op = op;
+    s->timeout = (TimeoutObject *)Py_NewRef(t);
+    s->exc_type = Py_XNewRef(exc_type);
+    s->exc_val = Py_XNewRef(exc_val);
+    PyObject_GC_Track(s);
+    return (PyObject *)s;
+}
+
+static int Step_traverse(StepObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->timeout);
+    Py_VISIT(self->exc_type);
+    Py_VISIT(self->exc_val);
+    return 0;
+}
+
+static int Step_clear(StepObject *self) {
+    self->op = STEP_DONE;
+    Py_CLEAR(self->timeout);
+    Py_CLEAR(self->exc_type);
+    Py_CLEAR(self->exc_val);
+    return 0;
+}
+
+static void Step_dealloc(StepObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Step_clear(self);
+    if (tp == self->st->Step_Type && bt_freelist_put(&self->st->steps, (PyObject *)self)) return;
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Runs the step: 0 with *result set (a new reference), or -1. */
+static int step_run(StepObject *self, PyObject *arg, PyObject **result) {
+    *result = NULL;
+    if (self->op == STEP_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
+        return -1;
+    }
+    if (arg != Py_None) {
+        PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
+        return -1;
+    }
+    TimeoutObject *t = (TimeoutObject *)Py_NewRef(self->timeout);
+    int op = self->op, rc;
+    if (op == STEP_ENTER) {
+        Step_clear(self);
+        PyObject *loop = need_running_loop(t->st);
+        rc = loop ? timeout_enter(t, loop, -1) : -1;
+        Py_XDECREF(loop);
+    } else {
+        PyObject *exc_type = Py_NewRef(self->exc_type), *exc_val = Py_NewRef(self->exc_val);
+        Step_clear(self);
+        rc = timeout_exit(t, exc_type, exc_val);
+        Py_DECREF(exc_type);
+        Py_DECREF(exc_val);
+    }
+    if (rc == 0) *result = Py_NewRef(op == STEP_ENTER ? (PyObject *)t : Py_None);
+    Py_DECREF(t);
+    return rc;
+}
+
+static PySendResult Step_am_send(StepObject *self, PyObject *arg, PyObject **result) {
+    return step_run(self, arg, result) == 0 ? PYGEN_RETURN : PYGEN_ERROR;
+}
+
+/* The end of a step as a call's: StopIteration(result), or none for None
+ * where the caller takes "exhausted" to mean that. */
+static PyObject *step_stop(StepObject *self, PyObject *arg, int bare_none) {
+    PyObject *result;
+    if (step_run(self, arg, &result) < 0) return NULL;
+    if (result == Py_None) {
+        Py_DECREF(result);
+        if (!bare_none) PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
+    }
+    bt_raise_stop_iteration(&self->st->compat, result);
+    Py_DECREF(result);
+    return NULL;
+}
+
+static PyObject *Step_iternext(StepObject *self) { return step_stop(self, Py_None, 1); }
+
+static PyObject *Step_send(StepObject *self, PyObject *arg) { return step_stop(self, arg, 0); }
 
 /* The exception a coroutine's throw(exc) or throw(type[, value[, tb]]) is
  * asked to raise, checked as generators check it; NULL with an error set. */
@@ -87,400 +489,62 @@ PyObject *throw_args_exception(PyObject *const *args, Py_ssize_t nargs) {
     return exc;
 }
 
-/* send(), throw() and close(), for code that drives an awaitable by hand
- * (as it would a coroutine): send() finishes it, throw() raises into the
- * caller, close() does nothing. */
-static PyObject *Ready_send_method(ReadyObject *self, PyObject *Py_UNUSED(arg)) {
-    if (self->value == Py_None) {
-        PyErr_SetNone(PyExc_StopIteration);
-        return NULL;
-    }
-    return raise_stop_iteration(self->st, self->value);
-}
-
-static PyObject *Ready_throw(ReadyObject *Py_UNUSED(self), PyObject *const *args, Py_ssize_t nargs) {
+/* throw() before the step ran: it never will, and the exception is raised
+ * here, as from a coroutine thrown into before its first line. */
+static PyObject *Step_throw(StepObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *exc = throw_args_exception(args, nargs);
-    if (exc) PyErr_SetRaisedException(exc);
+    if (!exc) return NULL;
+    Step_clear(self);
+    PyErr_SetRaisedException(exc);
     return NULL;
 }
 
-static PyObject *Ready_close(ReadyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)) {
+static PyObject *Step_close(StepObject *self, PyObject *Py_UNUSED(ignored)) {
+    Step_clear(self);
     Py_RETURN_NONE;
 }
 
-static PyMethodDef Ready_methods[] = {
-    {"send", (PyCFunction)Ready_send_method, METH_O, NULL},
-    {"throw", (PyCFunction)(void (*)(void))Ready_throw, METH_FASTCALL, NULL},
-    {"close", (PyCFunction)Ready_close, METH_NOARGS, NULL},
+static PyObject *Step_await(StepObject *self) { return Py_NewRef(self); }
+
+static PyMethodDef Step_methods[] = {
+    {"send", (PyCFunction)Step_send, METH_O, NULL},
+    {"throw", (PyCFunction)(void (*)(void))Step_throw, METH_FASTCALL, NULL},
+    {"close", (PyCFunction)Step_close, METH_NOARGS, NULL},
     {NULL}};
 
-static PySendResult Ready_send(ReadyObject *self, PyObject *arg, PyObject **result) {
-    (void)arg;
-    *result = Py_NewRef(self->value);
-    return PYGEN_RETURN;
-}
-
-static PyType_Slot Ready_slots[] = {
-    {Py_tp_dealloc, Ready_dealloc},
-    {Py_am_await, Ready_await},
-    {Py_am_send, Ready_send},
+static PyType_Slot Step_slots[] = {
+    {Py_tp_doc, "What Timeout.__aenter__() and __aexit__() return: a coroutine that runs "
+                "its step when first driven, without suspending."},
+    {Py_tp_dealloc, Step_dealloc},
+    {Py_tp_traverse, Step_traverse},
+    {Py_tp_clear, Step_clear},
+    {Py_am_await, Step_await},
+    {Py_am_send, Step_am_send},
     {Py_tp_iter, PyObject_SelfIter},
-    {Py_tp_iternext, Ready_iternext},
-    {Py_tp_methods, Ready_methods},
+    {Py_tp_iternext, Step_iternext},
+    {Py_tp_methods, Step_methods},
     {0, NULL}};
 
-PyType_Spec Ready_spec = {
-    .name = "bucketimer._core._Ready",
-    .basicsize = sizeof(ReadyObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = Ready_slots,
+PyType_Spec Step_spec = {
+    .name = "bucketimer._core._TimeoutStep",
+    .basicsize = sizeof(StepObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = Step_slots,
 };
 
-/* ---- Timeout: asyncio.Timeout with its timer in the core -----------------
- * The same state machine as asyncio.timeouts.Timeout of the running Python
- * (3.11 and 3.12 share it; 3.13 also converts a CancelledError subclass and
- * inserts a TimeoutError into the chain of other exceptions), written in C
- * so that `async with timeout(d): ...` costs a few C calls: __aenter__ and
- * __aexit__ return awaitables that are already done. */
-
-static const char *const timeout_state_names[] = {"created", "active", "expiring", "expired",
-                                                   "finished"};
-
-static int Timeout_traverse(TimeoutObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->when);
-    Py_VISIT(self->handler);
-    Py_VISIT(self->task);
-    Py_VISIT(self->on_timeout);
-    return 0;
-}
-
-static int Timeout_clear(TimeoutObject *self) {
-    Py_CLEAR(self->when);
-    Py_CLEAR(self->handler);
-    Py_CLEAR(self->task);
-    Py_CLEAR(self->on_timeout);
-    return 0;
-}
-
-static void Timeout_dealloc(TimeoutObject *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
-    Timeout_clear(self);
-#ifndef Py_GIL_DISABLED
-    /* A few dead Timeouts are kept for the next timeout(): each `async with`
-     * makes and drops one.  Only for the module's own type, while it lives. */
-    core_state *st = self->st;
-    if (st->timeout_nfree < TIMEOUT_FREELIST_MAX && st->Timeout_Type == tp) {
-        st->timeout_free[st->timeout_nfree++] = self;
-        Py_DECREF(tp); /* PyObject_Init takes it again on reuse */
-        return;
-    }
-#endif
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-static PyObject *timeout_make(core_state *st, PyObject *when) {
-    TimeoutObject *self;
-#ifndef Py_GIL_DISABLED
-    if (st->timeout_nfree > 0) {
-        self = st->timeout_free[--st->timeout_nfree];
-        (void)PyObject_Init((PyObject *)self, st->Timeout_Type);
-    } else
-#endif
-    {
-        self = PyObject_GC_New(TimeoutObject, st->Timeout_Type);
-    }
-    if (!self) return NULL;
-    self->st = st;
-    self->state = T_CREATED;
-    self->cancelling = 0;
-    self->when = Py_NewRef(when);
-    self->handler = self->task = self->on_timeout = NULL;
-    self->weakreflist = NULL;
-    PyObject_GC_Track(self);
-    return (PyObject *)self;
-}
-
-static PyObject *Timeout_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"when", NULL};
-    PyObject *when;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Timeout", kwlist, &when)) return NULL;
-    PyObject *m = PyType_GetModuleByDef(type, &core_module);
-    if (!m) return NULL;
-    return timeout_make(get_state(m), when);
-}
-
-/* loop.time().  For a loop class that keeps asyncio's BaseEventLoop.time
- * (time.monotonic(), the core's clock) it is read directly: on 3.12 the
- * Python-level call is a quarter of an `async with timeout()`.  The answer
- * is cached for the last loop class seen; patching `time` on a loop class
- * after it was first used here is not noticed. */
-static int loop_time_is_stock(core_state *st, PyObject *loop) {
-    PyTypeObject *tp = Py_TYPE(loop);
-    if (tp != st->time_checked_type) {
-        PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
-        if (!f) return -1;
-        st->time_checked_is_stock = (f == st->stock_time);
-        st->time_checked_type = tp;
-        Py_DECREF(f);
-    }
-    return st->time_checked_is_stock;
-}
-
-static PyObject *loop_time(core_state *st, PyObject *loop) {
-    int stock = loop_time_is_stock(st, loop);
-    if (stock < 0) return NULL;
-    /* time.monotonic() computes the same double from the same ns */
-    if (stock) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
-    return PyObject_CallMethodNoArgs(loop, st->str_time);
-}
-
-/* `when <= loop.time()`, as asyncio's Timeout.reschedule() asks it.
- * `now_ns`, if not negative, is the stock clock read a moment ago by the
- * same caller (no code ran in between). */
-static int deadline_reached(core_state *st, PyObject *loop, PyObject *when, int64_t now_ns) {
-    if (PyFloat_CheckExact(when)) {
-        int stock = loop_time_is_stock(st, loop);
-        if (stock < 0) return -1;
-        if (stock)
-            return PyFloat_AS_DOUBLE(when) <= (double)(now_ns >= 0 ? now_ns : bt_now_ns()) / 1e9;
-    }
-    PyObject *now = loop_time(st, loop);
-    if (!now) return -1;
-    int past = PyObject_RichCompareBool(when, now, Py_LE);
-    Py_DECREF(now);
-    return past;
-}
-
-static int cancel_any_handle(core_state *st, PyObject *h) {
-    if (Py_IS_TYPE(h, st->Handle_Type)) {
-        handle_cancel((HandleObject *)h);
-        return 0;
-    }
-    PyObject *r = PyObject_CallMethodNoArgs(h, st->str_cancel);
-    if (!r) return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
-static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored));
-static PyMethodDef on_timeout_def = {"_on_timeout", (PyCFunction)Timeout_on_timeout, METH_NOARGS,
-                                     NULL};
-
-/* reschedule() once the state and loop are checked. */
-static int timeout_arm(TimeoutObject *self, PyObject *loop, PyObject *when, int64_t now_ns) {
-    core_state *st = self->st;
-    Py_XSETREF(self->when, Py_NewRef(when));
-    if (self->handler) {
-        PyObject *h = self->handler;
-        self->handler = NULL;
-        int rc = cancel_any_handle(st, h);
-        Py_DECREF(h);
-        if (rc < 0) return -1;
-    }
-    if (when == Py_None) return 0;
-    int past = deadline_reached(st, loop, when, now_ns);
-    if (past < 0) return -1;
-    PyObject *h;
-    if (past) {
-        /* asyncio hands a deadline already reached to call_soon: it fires
-         * on the very next iteration, in order with other ready callbacks */
-        if (!self->on_timeout) {
-            self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
-            if (!self->on_timeout) return -1;
-        }
-        h = PyObject_CallMethodOneArg(loop, st->str_call_soon, self->on_timeout);
-    } else {
-        double t;
-        if (to_seconds(when, "when", &t) < 0) return -1;
-        TimerThreadObject *tt = default_tt(st);
-        if (!tt || check_open(tt) < 0) return -1;
-        /* the handle expires this Timeout directly: no bound method */
-        h = schedule_resolved(tt, 1, t, (PyObject *)self, NULL, 0, loop, NULL, SCHED_TIMEOUT);
-    }
-    if (!h) return -1;
-    self->handler = h;
-    return 0;
-}
-
-PyObject *need_running_loop(core_state *st) {
-    PyObject *loop = running_loop(st);
-    if (loop == Py_None) {
-        Py_DECREF(loop);
-        PyErr_SetString(PyExc_RuntimeError, "no running event loop");
-        return NULL;
-    }
-    return loop;
-}
-
-static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
-    if (self->state != T_ENTERED) {
-        if (self->state == T_CREATED) PyErr_SetString(PyExc_RuntimeError, "Timeout has not been entered");
-        else PyErr_Format(PyExc_RuntimeError, "Cannot change state of %s Timeout",
-                          timeout_state_names[self->state]);
-        return NULL;
-    }
-    PyObject *loop = NULL;
-    if (when != Py_None || self->handler) {
-        loop = need_running_loop(self->st);
-        if (!loop) return NULL;
-    }
-    int rc = 0;
-    if (loop) {
-        rc = timeout_arm(self, loop, when, -1);
-        Py_DECREF(loop);
-    } else {
-        Py_XSETREF(self->when, Py_NewRef(when));
-    }
-    if (rc < 0) return NULL;
-    Py_RETURN_NONE;
-}
-
-/* task.cancelling().  For asyncio's own Task type the method is called
- * through its descriptor, which skips looking in the task's __dict__. */
-static PyObject *task_cancelling(core_state *st, PyObject *task) {
-    if (Py_TYPE(task) == st->task_type && st->task_cancelling)
-        return PyObject_Vectorcall(st->task_cancelling, &task, 1, NULL);
-    return PyObject_CallMethodNoArgs(task, st->str_cancelling);
-}
-
-/* __aenter__ of a Timeout not yet entered, on the running `loop`; `now_ns`
- * as for deadline_reached(). */
-int timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
-    core_state *st = self->st;
-    PyObject *task;
-    if (st->current_tasks) {
-        task = PyDict_GetItemWithError(st->current_tasks, loop);
-        if (!task && PyErr_Occurred()) return -1;
-        Py_XINCREF(task);
-    } else {
-        task = PyObject_CallOneArg(st->current_task, loop);
-        if (!task) return -1;
-    }
-    if (!task || task == Py_None) {
-        Py_XDECREF(task);
-        PyErr_SetString(PyExc_RuntimeError, "Timeout should be used inside a task");
-        return -1;
-    }
-    self->state = T_ENTERED;
-    Py_XSETREF(self->task, task);
-    PyObject *c = task_cancelling(st, task);
-    if (!c) return -1;
-    self->cancelling = PyLong_AsLong(c);
-    Py_DECREF(c);
-    if (self->cancelling == -1 && PyErr_Occurred()) return -1;
-    return timeout_arm(self, loop, self->when, now_ns);
-}
+/* ---- the Timeout's methods ---------------------------------------------------- */
 
 static PyObject *Timeout_aenter(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->state != T_CREATED) {
-        PyErr_SetString(PyExc_RuntimeError, "Timeout has already been entered");
-        return NULL;
-    }
-    PyObject *loop = need_running_loop(self->st);
-    if (!loop) return NULL;
-    int rc = timeout_enter(self, loop, -1);
-    Py_DECREF(loop);
-    if (rc < 0) return NULL;
-    return ready_new(self->st, (PyObject *)self);
+    return step_new(self, STEP_ENTER, NULL, NULL);
 }
 
-/* raise TimeoutError from exc */
-static void raise_timeout_from(PyObject *exc) {
-    PyObject *te = PyObject_CallNoArgs(PyExc_TimeoutError);
-    if (!te) return;
-    if (exc && exc != Py_None) {
-        PyException_SetCause(te, Py_NewRef(exc));
-        PyException_SetContext(te, Py_NewRef(exc));
-    }
-    PyErr_SetObject(PyExc_TimeoutError, te);
-    Py_DECREF(te);
-}
-
-PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    core_state *st = self->st;
+static PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "__aexit__ takes exc_type, exc_val, exc_tb");
         return NULL;
     }
-    PyObject *exc_type = args[0], *exc_val = args[1];
-    if (self->state != T_ENTERED && self->state != T_EXPIRING) {
-        PyErr_Format(PyExc_AssertionError, "__aexit__ of a %s Timeout",
-                     timeout_state_names[self->state]);
-        return NULL;
-    }
-    forget_stop_iteration(st, (PyObject *)self);
-    if (self->handler) {
-        PyObject *h = self->handler;
-        self->handler = NULL;
-        int rc = cancel_any_handle(st, h);
-        Py_DECREF(h);
-        if (rc < 0) return NULL;
-    }
-    if (self->state == T_EXPIRING) {
-        self->state = T_EXPIRED;
-        PyObject *n = PyObject_CallMethodNoArgs(self->task, st->str_uncancel);
-        if (!n) return NULL;
-        long left = PyLong_AsLong(n);
-        Py_DECREF(n);
-        if (left == -1 && PyErr_Occurred()) return NULL;
-        if (left <= self->cancelling && exc_type != Py_None) {
-            if (st->insert_timeout_error) { /* 3.13 */
-                int sub = PyObject_IsSubclass(exc_type, st->CancelledError);
-                if (sub < 0) return NULL;
-                if (sub) {
-                    raise_timeout_from(exc_val);
-                    return NULL;
-                }
-                if (exc_val != Py_None) {
-                    PyObject *r = PyObject_CallOneArg(st->insert_timeout_error, exc_val);
-                    if (!r) return NULL;
-                    Py_DECREF(r);
-                    int eg = PyObject_IsInstance(exc_val, st->ExceptionGroup);
-                    if (eg < 0) return NULL;
-                    if (eg) {
-                        PyObject *excs = PyObject_GetAttrString(exc_val, "exceptions");
-                        if (!excs) return NULL;
-                        PyObject *it = PyObject_GetIter(excs);
-                        Py_DECREF(excs);
-                        if (!it) return NULL;
-                        PyObject *e;
-                        while ((e = PyIter_Next(it))) {
-                            r = PyObject_CallOneArg(st->insert_timeout_error, e);
-                            Py_DECREF(e);
-                            if (!r) break;
-                            Py_DECREF(r);
-                        }
-                        Py_DECREF(it);
-                        if (PyErr_Occurred()) return NULL;
-                    }
-                }
-            } else if (exc_type == st->CancelledError) { /* 3.11, 3.12 */
-                raise_timeout_from(exc_val);
-                return NULL;
-            }
-        }
-    } else {
-        self->state = T_EXITED;
-    }
-    return ready_new(st, Py_None);
-}
-
-static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->state != T_ENTERED || !self->task) Py_RETURN_NONE; /* cannot happen: cancel won */
-    PyObject *r = PyObject_CallMethodNoArgs(self->task, self->st->str_cancel);
-    if (!r) return NULL;
-    Py_DECREF(r);
-    self->state = T_EXPIRING;
-    Py_CLEAR(self->handler); /* drop the reference early, as asyncio does */
-    Py_RETURN_NONE;
-}
-
-PyObject *timeout_fire(PyObject *timeout) {
-    return Timeout_on_timeout((TimeoutObject *)timeout, NULL);
+    return step_new(self, STEP_EXIT, args[0], args[1]);
 }
 
 static PyObject *Timeout_when(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -537,6 +601,8 @@ PyType_Spec Timeout_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = Timeout_slots,
 };
+
+/* ---- timeout() and timeout_at() ---------------------------------------------- */
 
 /* timeout(delay) on the running `loop`: a Timeout due at loop.time() +
  * delay.  *now_ns gets the stock clock's reading if that is what was read,

@@ -225,7 +225,7 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
     /* Where it will be delivered. */
     PyObject *resolved = NULL;
     if (loop == NULL || loop == Py_None) {
-        resolved = running_loop(self->state);
+        resolved = bt_running_loop(&self->state->compat);
         if (!resolved) return NULL;
     } else {
         resolved = Py_NewRef(loop);
@@ -278,7 +278,7 @@ PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyO
         }
     }
 
-    HandleObject *h = handle_alloc(self->state->Handle_Type);
+    HandleObject *h = handle_alloc(self->state);
     if (!h) return NULL;
     h->tt = (TimerThreadObject *)Py_NewRef(self);
     h->port = (PortObject *)Py_NewRef(port);

@@ -68,15 +68,43 @@ static void WaitFor_dealloc(WaitForObject *self) {
     Py_DECREF(tp);
 }
 
+/* 1 if `o` is a coroutine, or a generator marked as one, as `await` sees it. */
+static int is_coroutine(PyObject *o) {
+    return PyCoro_CheckExact(o) ||
+           (PyGen_CheckExact(o) &&
+            (PyGen_GetCode((PyGenObject *)o)->co_flags & CO_ITERABLE_COROUTINE));
+}
+
+/* The TypeErrors of `await o`, worded as the running interpreter words
+ * them: `res` is what o.__await__() returned, or NULL if o has none. */
+static PyObject *not_awaitable(PyObject *o, PyObject *res) {
+#if PY_VERSION_HEX >= 0x030F0000
+    if (res)
+        return PyErr_Format(PyExc_TypeError, "%T.__await__() must return an iterator, not %T", o,
+                            res);
+    return PyErr_Format(PyExc_TypeError, "'%T' object can't be awaited", o);
+#else
+    if (res && is_coroutine(res))
+        return PyErr_Format(PyExc_TypeError, "__await__() returned a coroutine");
+    if (res)
+        return PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'",
+                            Py_TYPE(res)->tp_name);
+#if PY_VERSION_HEX >= 0x030E0000
+    return PyErr_Format(PyExc_TypeError, "'%T' object can't be awaited", o);
+#else
+    return PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression",
+                        Py_TYPE(o)->tp_name);
+#endif
+#endif
+}
+
 /* What `await o` iterates: the interpreter's GET_AWAITABLE. */
 static PyObject *awaitable_iter(core_state *st, PyObject *o) {
-    if (PyCoro_CheckExact(o) ||
-        (PyGen_CheckExact(o) && (PyGen_GetCode((PyGenObject *)o)->co_flags & CO_ITERABLE_COROUTINE))) {
+    if (is_coroutine(o)) {
         if (PyCoro_CheckExact(o)) {
             /* a coroutine suspended in an await of its own is someone
              * else's to drive */
-            PyObject *yf = st->coro_await_getter ? st->coro_await_getter(o, NULL)
-                                                 : PyObject_GetAttr(o, st->str_cr_await);
+            PyObject *yf = bt_coro_await(&st->compat, o);
             if (!yf) return NULL;
             int busy = yf != Py_None;
             Py_DECREF(yf);
@@ -88,23 +116,11 @@ static PyObject *awaitable_iter(core_state *st, PyObject *o) {
         return Py_NewRef(o);
     }
     unaryfunc getter = Py_TYPE(o)->tp_as_async ? Py_TYPE(o)->tp_as_async->am_await : NULL;
-    if (!getter) {
-        PyErr_Format(PyExc_TypeError, "object %.100s can't be used in 'await' expression",
-                     Py_TYPE(o)->tp_name);
-        return NULL;
-    }
+    if (!getter) return not_awaitable(o, NULL);
     PyObject *res = getter(o);
     if (!res) return NULL;
-    if (PyCoro_CheckExact(res) ||
-        (PyGen_CheckExact(res) &&
-         (PyGen_GetCode((PyGenObject *)res)->co_flags & CO_ITERABLE_COROUTINE))) {
-        PyErr_SetString(PyExc_TypeError, "__await__() returned a coroutine");
-        Py_DECREF(res);
-        return NULL;
-    }
-    if (!PyIter_Check(res)) {
-        PyErr_Format(PyExc_TypeError, "__await__() returned non-iterator of type '%.100s'",
-                     Py_TYPE(res)->tp_name);
+    if (is_coroutine(res) || !PyIter_Check(res)) {
+        not_awaitable(o, res);
         Py_DECREF(res);
         return NULL;
     }
@@ -132,36 +148,29 @@ static void raise_with_context(PyObject *exc, PyObject *context) {
  * returned (*result) or raised (the current exception).  Exits the
  * Timeout with that outcome; its TimeoutError, if it raises one, wins. */
 static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject **result) {
-    PyObject *tm = self->timeout;
+    TimeoutObject *tm = (TimeoutObject *)self->timeout;
     self->timeout = NULL;
     Py_CLEAR(self->inner);
     self->state = W_CLOSED;
     if (!tm) return r;
-    PyObject *x;
     if (r == PYGEN_RETURN) {
-        PyObject *args[3] = {Py_None, Py_None, Py_None};
-        x = Timeout_aexit((TimeoutObject *)tm, args, 3);
-        if (!x) {
+        if (timeout_exit(tm, Py_None, Py_None) < 0) {
             Py_CLEAR(*result);
             r = PYGEN_ERROR;
         }
     } else {
         PyObject *exc = PyErr_GetRaisedException();
-        PyObject *tb = PyException_GetTraceback(exc);
-        PyObject *args[3] = {(PyObject *)Py_TYPE(exc), exc, tb ? tb : Py_None};
         /* __aexit__ runs while `exc` is the exception being handled, as in
          * the `async with` it stands for: what it raises gets `exc` as
          * __context__, not whatever the awaiting code was handling. */
         PyObject *handled = PyErr_GetHandledException();
         PyErr_SetHandledException(exc);
-        x = Timeout_aexit((TimeoutObject *)tm, args, 3);
+        int rc = timeout_exit(tm, (PyObject *)Py_TYPE(exc), exc);
         PyErr_SetHandledException(handled);
         Py_XDECREF(handled);
-        Py_XDECREF(tb);
-        if (x) PyErr_SetRaisedException(exc); /* __aexit__ never swallows */
+        if (rc == 0) PyErr_SetRaisedException(exc); /* __aexit__ never swallows */
         else raise_with_context(PyErr_GetRaisedException(), exc);
     }
-    Py_XDECREF(x);
     Py_DECREF(tm);
     return r;
 }
@@ -333,7 +342,7 @@ static PySendResult WaitFor_am_send(WaitForObject *self, PyObject *arg, PyObject
 static PyObject *step_as_call(WaitForObject *self, PySendResult r, PyObject *result) {
     if (r == PYGEN_NEXT) return result;
     if (r == PYGEN_RETURN) {
-        raise_stop_iteration(self->st, result);
+        bt_raise_stop_iteration(&self->st->compat, result);
         Py_DECREF(result);
     }
     return NULL;

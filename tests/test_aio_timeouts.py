@@ -372,6 +372,126 @@ def test_enter_outside_task(t, run):
     assert str(e) == "Timeout should be used inside a task"
 
 
+def test_enter_made_in_a_task_driven_outside_it(t, run):
+    """__aenter__() only makes a coroutine: the check for a task, and the
+    arming, happen when it is driven.  Made inside the task and driven from
+    a plain callback, it finds no task and arms nothing."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        cm = t.timeout_at(loop.time() + 0.01)
+        aw = cm.__aenter__()  # inside the task: nothing happens yet
+        fut = loop.create_future()
+
+        def drive():
+            try:
+                aw.send(None)
+            except BaseException as e:
+                fut.set_result(e)
+            else:  # pragma: no cover
+                fut.set_result(None)
+
+        loop.call_soon(drive)
+        e = await fut
+        # nothing was armed: the task is not cancelled when `when` passes
+        await asyncio.sleep(0.05)
+        return e, repr(cm), asyncio.current_task().cancelling()
+
+    e, r, cancelling = run(main())
+    assert isinstance(e, RuntimeError)
+    assert str(e) == "Timeout should be used inside a task"
+    assert r == "<Timeout [created]>"
+    assert cancelling == 0
+
+
+def test_reschedule_before_enter_is_driven(t, run):
+    """A Timeout whose __aenter__() was called but not awaited has not been
+    entered: reschedule() refuses, and the await enters it afterwards."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        cm = t.timeout(30)
+        aw = cm.__aenter__()
+        with pytest.raises(RuntimeError, match="Timeout has not been entered"):
+            cm.reschedule(loop.time() + 1)
+        assert await aw is cm
+        cm.reschedule(loop.time() + 60)
+        await cm.__aexit__(None, None, None)
+        return repr(cm)
+
+    assert run(main()) == "<Timeout [finished]>"
+
+
+def test_exit_happens_when_awaited(t, run):
+    """__aexit__() too does its work when awaited: until then the Timeout
+    stays active and its timer armed."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        cm = t.timeout(0.02)
+        await cm.__aenter__()
+        aw = cm.__aexit__(None, None, None)
+        before = repr(cm)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.sleep(1)  # the timer still fires
+        with pytest.raises(TimeoutError):
+            await cm.__aexit__(asyncio.CancelledError, asyncio.CancelledError(), None)
+        aw.close()
+        return before, cm.expired(), loop.time()
+
+    before, expired, _ = run(main())
+    assert before.startswith("<Timeout [active] when=")
+    assert expired
+
+
+def test_enter_and_exit_awaitables_are_one_shot(t, run):
+    """What __aenter__()/__aexit__() return runs once, like any coroutine:
+    driven again it refuses; closed or thrown into first, it never runs."""
+
+    async def main():
+        cm = t.timeout(30)
+        aw = cm.__aenter__().__await__()
+        with pytest.raises(StopIteration):
+            aw.send(None)
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            aw.send(None)
+        unused = cm.__aexit__(None, None, None)
+        unused.close()
+        assert repr(cm).startswith("<Timeout [active]")  # the closed exit never ran
+        await cm.__aexit__(None, None, None)
+        fresh = t.timeout(30)
+        thrown = fresh.__aenter__().__await__()
+        with pytest.raises(ValueError):
+            thrown.throw(ValueError("before the start"))
+        return repr(cm), repr(fresh)
+
+    assert run(main()) == ("<Timeout [finished]>", "<Timeout [created]>")
+
+
+def test_stop_iteration_that_picked_up_notes_is_not_reused(t, run):
+    """bucketimer raises one StopIteration again and again while nobody else
+    holds it; one that someone caught and decorated (a note, an attribute)
+    must not carry that into later awaits."""
+
+    async def main():
+        first = t.timeout(30)
+        try:
+            first.__aenter__().__await__().send(None)
+        except StopIteration as e:
+            e.add_note("a note")
+            e.mark = "an attribute"
+        await first.__aexit__(None, None, None)
+        second = t.timeout(30)
+        try:
+            second.__aenter__().__await__().send(None)
+        except StopIteration as e:
+            seen = getattr(e, "__notes__", None), getattr(e, "mark", None), e.value is second
+        await second.__aexit__(None, None, None)
+        return seen
+
+    assert run(main()) == (None, None, True)
+
+
 def test_reentry_raises(t, run):
     async def main():
         cm = t.timeout(10)
@@ -1157,13 +1277,25 @@ def test_no_running_loop_after_a_loop_ran(t, run):
 
 @pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
 def test_c_wait_for_matches_asyncio_messages_and_attributes():
+    class ReturnsInt:
+        def __await__(self):
+            return 42
+
+    made = []
+
+    class ReturnsCoroutine:
+        def __await__(self):
+            made.append(asyncio.sleep(0))  # a coroutine, not an iterator
+            return made[-1]
+
     async def main():
         msgs = []
-        for wf in (asyncio.wait_for, aio.wait_for):
-            try:
-                await wf(42, 5)
-            except TypeError as e:
-                msgs.append(str(e))
+        for bad in (42, ReturnsInt(), ReturnsCoroutine()):
+            for wf in (asyncio.wait_for, aio.wait_for):
+                try:
+                    await wf(bad, 5)
+                except TypeError as e:
+                    msgs.append(str(e))
         fut = asyncio.get_running_loop().create_future()
         c = aio.wait_for(fut, 5)
         attrs = [c.cr_await, c.cr_running, c.cr_frame, c.__name__]
@@ -1175,7 +1307,13 @@ def test_c_wait_for_matches_asyncio_messages_and_attributes():
 
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
         msgs, attrs = r.run(main())
-    assert msgs[0] == msgs[1] == "object int can't be used in 'await' expression"
+    # each worded as the running interpreter words it
+    assert len(msgs) == 6
+    assert msgs[0] == msgs[1] and "int" in msgs[0]
+    assert msgs[2] == msgs[3] and "int" in msgs[2]
+    assert msgs[4] == msgs[5] and "coroutine" in msgs[4]
+    for c in made:
+        c.close()
     assert attrs == [None, False, None, "wait_for", True, None]
 
 
