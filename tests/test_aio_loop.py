@@ -9,11 +9,15 @@ the core, not in the loop's heap).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import io
 import logging
+import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -376,6 +380,24 @@ def test_debug_slow_callback_names_callback(loop, caplog):
     assert any("slow_timer_callback" in r.getMessage() for r in caplog.records)
 
 
+def test_debug_source_traceback_ends_at_the_caller(loop):
+    """In debug mode a timer handle remembers where it was made; the last
+    frame is the caller's line, as asyncio's handles have it."""
+    loop.set_debug(True)
+    here = sys._getframe().f_code.co_filename
+    h_later = loop.call_later(1, lambda: None)
+    line_later = sys._getframe().f_lineno - 1
+    h_at = loop.call_at(loop.time() + 1, lambda: None)
+    line_at = sys._getframe().f_lineno - 1
+    frames = []
+    for h in (h_later, h_at):
+        tb = getattr(h, "_source_traceback", None)
+        assert tb, f"{type(h).__name__} has no _source_traceback in debug mode"
+        frames.append((tb[-1].filename, tb[-1].lineno))
+        h.cancel()
+    assert frames == [(here, line_later), (here, line_at)]
+
+
 def test_debug_toggle_keeps_timers_working(loop):
     got = []
     loop.call_later(0.01, got.append, "before")
@@ -390,17 +412,43 @@ def test_debug_toggle_keeps_timers_working(loop):
 # -- policy, install, loop_factory -------------------------------------------------------------
 
 
-def test_new_event_loop_and_policy():
+def test_new_event_loop():
     lp = bt_loop.new_event_loop()
     try:
         assert isinstance(lp, bt_loop.EventLoop)
         assert isinstance(lp, asyncio.SelectorEventLoop)
     finally:
         lp.close()
-    old = asyncio.get_event_loop_policy()
+
+
+POLICIES_DEPRECATED = sys.version_info >= (3, 14)
+
+
+def _policy_warning():
+    """From 3.14 asyncio deprecates its event loop policies, and so does
+    bucketimer for its own policy names: the warning names the caller's line."""
+    if not POLICIES_DEPRECATED:
+        return contextlib.nullcontext()
+    return pytest.warns(DeprecationWarning, match="loop_factory=bucketimer.new_event_loop")
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 16), reason="asyncio's policies are gone")
+def test_install_and_policy():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # asyncio's own, on 3.14+
+        old = asyncio.get_event_loop_policy()
     try:
-        bt_loop.install()
-        assert isinstance(asyncio.get_event_loop_policy(), bt_loop.EventLoopPolicy)
+        with _policy_warning() as record:
+            bucketimer.install()
+        if record is not None:
+            assert record[0].filename == __file__
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            policy = asyncio.get_event_loop_policy()
+        with _policy_warning():
+            assert isinstance(policy, bucketimer.EventLoopPolicy)
+        with _policy_warning():
+            assert bt_loop.EventLoopPolicy is bucketimer.loop.EventLoopPolicy
         lp = asyncio.new_event_loop()
         try:
             assert isinstance(lp, bt_loop.EventLoop)
@@ -412,7 +460,94 @@ def test_new_event_loop_and_policy():
 
         assert asyncio.run(main()) is bt_loop.EventLoop
     finally:
-        asyncio.set_event_loop_policy(old)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            asyncio.set_event_loop_policy(old)
+
+
+@pytest.mark.skipif(uvloop is None, reason="uvloop is not installed")
+@pytest.mark.skipif(sys.version_info >= (3, 16), reason="asyncio's policies are gone")
+def test_uv_policy():
+    with _policy_warning():
+        policy = bt_loop.UVEventLoopPolicy()
+    lp = policy.new_event_loop()
+    try:
+        assert isinstance(lp, bt_loop.UVEventLoop)
+    finally:
+        lp.close()
+
+
+def test_importing_bucketimer_touches_no_deprecated_name():
+    """``python -W error::DeprecationWarning -c 'import bucketimer'``: on
+    3.14+ importing must not touch asyncio's deprecated policy names."""
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "import sys; sys.modules.setdefault('uvloop', None)  # uvloop warns itself\n"
+        "import bucketimer, bucketimer.loop, bucketimer.aio\n"
+        "import asyncio\n"
+        "async def main():\n"
+        "    async with bucketimer.timeout(1):\n"
+        "        await bucketimer.wait_for(asyncio.sleep(0), 1)\n"
+        "    return type(asyncio.get_running_loop()).__name__\n"
+        "print(bucketimer.run(main()))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "EventLoop"
+
+
+def test_run_on_the_drop_in_loop():
+    async def main(x):
+        await asyncio.sleep(0.001)
+        loop = asyncio.get_running_loop()
+        return x, type(loop), loop.get_debug()
+
+    assert bucketimer.run(main(1)) == (1, bt_loop.EventLoop, False)
+    assert bucketimer.run(main(2), debug=True) == (2, bt_loop.EventLoop, True)
+    tt = bucketimer.TimerThread()
+    try:
+        factory = lambda: bt_loop.EventLoop(timer_thread=tt)  # noqa: E731
+        assert bucketimer.run(main(3), loop_factory=factory)[1] is bt_loop.EventLoop
+        assert tt.stats()["scheduled"] >= 1
+    finally:
+        tt.close()
+    with pytest.raises(RuntimeError, match="cannot be called from a running event loop"):
+        bucketimer.run(_run_inside_a_loop())
+
+
+async def _run_inside_a_loop():
+    coro = asyncio.sleep(0)
+    try:
+        bucketimer.run(coro)
+    finally:
+        coro.close()
+
+
+@pytest.mark.skipif(uvloop is None, reason="uvloop is not installed")
+def test_run_on_the_uvloop_based_loop():
+    async def main():
+        return type(asyncio.get_running_loop())
+
+    assert bucketimer.run(main(), loop_factory=bt_loop.new_uv_event_loop) is bt_loop.UVEventLoop
+
+
+@pytest.mark.skipif(sys.version_info < (3, 13), reason="IsolatedAsyncioTestCase.loop_factory is 3.13+")
+def test_isolated_asyncio_testcase_loop_factory():
+    import unittest
+
+    seen = []
+
+    class Case(unittest.IsolatedAsyncioTestCase):
+        loop_factory = bucketimer.EventLoop  # a class: a function would bind as a method
+
+        async def test_it(self):
+            seen.append(type(asyncio.get_running_loop()))
+            async with bucketimer.timeout(1):
+                await asyncio.sleep(0.001)
+
+    result = unittest.TextTestRunner(stream=io.StringIO()).run(Case("test_it"))
+    assert result.wasSuccessful(), result.errors + result.failures
+    assert seen == [bt_loop.EventLoop]
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="asyncio.run(loop_factory=) is 3.12+")

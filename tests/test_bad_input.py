@@ -337,7 +337,7 @@ def test_bad_keyword_and_too_few_arguments(mtt):
 @given(obj=st.one_of(st.integers(), st.floats(allow_nan=False), st.text(max_size=3), st.builds(object),
                      st.booleans(), st.binary(max_size=2), st.tuples(st.integers()),
                      st.lists(st.integers(), max_size=1), st.builds(dict),
-                     st.just(asyncio.get_event_loop_policy()), st.just(threading.Thread())))
+                     st.just(asyncio.Runner()), st.just(threading.Thread())))
 def test_non_loop_objects_raise_typeerror(mtt, obj):
     sentinels = Sentinels(mtt)
     ports = dict(mtt._ports)

@@ -9,21 +9,25 @@ an eventfd) or to a dispatcher thread.
   thread, with or without a running loop.
 * :func:`timeout`, :func:`timeout_at`, :class:`Timeout`, :func:`wait_for`:
   asyncio's, with the timer in the core.
-* :class:`EventLoop`, :func:`new_event_loop`, :class:`EventLoopPolicy`,
-  :func:`install`: a drop-in asyncio loop whose ``call_at``/``call_later``
-  are native.
+* :func:`run`, :class:`EventLoop`, :func:`new_event_loop`: a drop-in
+  asyncio loop whose ``call_at``/``call_later`` are native
+  (:func:`install` and :class:`EventLoopPolicy` too, where asyncio still has
+  event loop policies).
 * ``bucketimer.grpc`` (the ``grpc`` extra): interceptors;
   ``bucketimer.bench``: the benchmark kit.
 """
 
+import sys
+from typing import Any
+
+from . import loop
 from ._core import monotonic_ns
 from ._timers import Handle, TimerThread, call_at, call_later, default_timer_thread
 from .aio import Timeout, timeout, timeout_at, wait_for
-from .loop import EventLoop, EventLoopPolicy, install, new_event_loop
+from .loop import EventLoop, install, new_event_loop, run
 
 __all__ = [
     "EventLoop",
-    "EventLoopPolicy",
     "Handle",
     "Timeout",
     "TimerThread",
@@ -33,9 +37,20 @@ __all__ = [
     "install",
     "monotonic_ns",
     "new_event_loop",
+    "run",
     "timeout",
     "timeout_at",
     "wait_for",
 ]
 
+if sys.version_info < (3, 14):
+    __all__ += ["EventLoopPolicy"]
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Made on first use: from 3.14 asyncio deprecates the policy system.
+    if name == "EventLoopPolicy":
+        return loop._policy(name, stacklevel=2)
+    raise AttributeError(f"module 'bucketimer' has no attribute '{name}'")

@@ -7,12 +7,19 @@ library's ``loop.call_later`` then costs an O(1) C call to arm and to
 cancel, and the loop's own ``heapq`` of ``TimerHandle`` objects stays empty.
 Timers that come due are posted back to the loop through an eventfd and run
 in the loop's thread, in the ``contextvars.Context`` captured when they were
-scheduled (see DESIGN.md, section 2).
+scheduled (docs/design.rst, "Delivery").
 
-Usage::
+Usage, on every supported Python::
 
-    asyncio.run(main(), loop_factory=bucketimer.loop.new_event_loop)  # 3.12+
-    bucketimer.loop.install(); asyncio.run(main())                    # 3.11+
+    bucketimer.run(main())                                       # like uvloop.run
+    asyncio.run(main(), loop_factory=bucketimer.new_event_loop)  # 3.12+
+    with asyncio.Runner(loop_factory=bucketimer.new_event_loop) as runner: ...
+    class Test(unittest.IsolatedAsyncioTestCase):                # 3.13+
+        loop_factory = bucketimer.EventLoop
+
+``install()`` and :class:`EventLoopPolicy` use asyncio's event loop
+policies, which asyncio deprecates from 3.14 and removes in 3.16: they warn
+from 3.14 and are gone from 3.16.
 
 What differs from the stock loop, on purpose:
 
@@ -38,17 +45,34 @@ What differs from the stock loop, on purpose:
 from __future__ import annotations
 
 import asyncio
+import functools
 import selectors
-from collections.abc import Callable
+import sys
+import warnings
+from collections.abc import Callable, Coroutine
 from time import monotonic as _monotonic
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _timers
 from ._timers import TimerThread
 
-__all__ = ["EventLoop", "EventLoopPolicy", "install", "new_event_loop"]
+__all__ = ["EventLoop", "install", "new_event_loop", "run"]
+if sys.version_info < (3, 14):
+    __all__ += ["EventLoopPolicy"]
+
+_T = TypeVar("_T")
 
 _base_time = asyncio.BaseEventLoop.time
+
+
+def _without_own_frame(handle: Any) -> Any:
+    """A handle made in debug mode remembers the stack it was made on; as
+    each of asyncio's own call_* methods does, drop the frame of the method
+    that made it, so the last one left is the caller's."""
+    tb = getattr(handle, "_source_traceback", None)
+    if tb:
+        del tb[-1]
+    return handle
 
 
 class _NativeTimersMixin:
@@ -121,7 +145,9 @@ class _NativeTimersMixin:
         if when is None:
             raise TypeError("when cannot be None")
         if not self._bt_native():
-            return super().call_at(when, callback, *args, context=context)  # type: ignore[misc]
+            return _without_own_frame(
+                super().call_at(when, callback, *args, context=context)  # type: ignore[misc]
+            )
         if self.is_closed():  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
         self._bt_update_fast_path()
@@ -133,10 +159,14 @@ class _NativeTimersMixin:
         if delay is None:
             raise TypeError("delay must not be None")
         if not self._bt_native():
-            return super().call_later(delay, callback, *args, context=context)  # type: ignore[misc]
+            return _without_own_frame(
+                super().call_later(delay, callback, *args, context=context)  # type: ignore[misc]
+            )
         if type(self).call_at is not _NativeTimersMixin.call_at:
             # A subclass's call_at: go through it, as asyncio's call_later does.
-            return self.call_at(self.time() + delay, callback, *args, context=context)  # type: ignore[attr-defined]
+            return _without_own_frame(
+                self.call_at(self.time() + delay, callback, *args, context=context)  # type: ignore[attr-defined]
+            )
         if self.is_closed():  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
         self._bt_update_fast_path()
@@ -177,15 +207,94 @@ def new_event_loop() -> EventLoop:
     return EventLoop()
 
 
-class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):  # type: ignore[misc,valid-type]
-    """The default asyncio policy, making :class:`EventLoop` loops."""
+def run(main: Coroutine[Any, Any, _T], *, debug: bool | None = None,
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> _T:
+    """Run ``main`` on a new :class:`EventLoop` and return its result, as
+    ``asyncio.run(main, debug=debug)`` does on the stock loop.
 
-    _loop_factory = EventLoop
+    ``loop_factory`` makes the loop instead, e.g. ``new_uv_event_loop`` or
+    ``lambda: EventLoop(timer_thread=tt)``.
+    """
+    if asyncio._get_running_loop() is not None:
+        raise RuntimeError("bucketimer.run() cannot be called from a running event loop")
+    factory = new_event_loop if loop_factory is None else loop_factory
+    if sys.version_info >= (3, 12):
+        return asyncio.run(main, debug=debug, loop_factory=factory)
+    with asyncio.Runner(debug=debug, loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+# -- asyncio's event loop policies: deprecated from 3.14, removed in 3.16 ----------
+
+_POLICY_DEPRECATED = sys.version_info >= (3, 14)
+
+
+def _policy_deprecated(what: str, stacklevel: int) -> None:
+    """Warns (3.14, 3.15) or raises (3.16+) for a use of the policy system."""
+    advice = "use bucketimer.run() or asyncio.run(main, loop_factory=bucketimer.new_event_loop)"
+    if not hasattr(asyncio, "set_event_loop_policy"):
+        raise AttributeError(
+            f"{what} went away with asyncio's event loop policies in Python 3.16: {advice}"
+        )
+    if _POLICY_DEPRECATED:
+        warnings.warn(
+            f"{what} is deprecated, as asyncio's event loop policies are "
+            f"(removal in Python 3.16): {advice}",
+            DeprecationWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
+@functools.cache
+def _policy_class(name: str) -> type:
+    """EventLoopPolicy or UVEventLoopPolicy, made on first use so that merely
+    importing bucketimer touches no deprecated asyncio name."""
+    with warnings.catch_warnings():
+        # The caller has already been told (_policy_deprecated).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        if name == "EventLoopPolicy":
+
+            class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):  # type: ignore[misc,valid-type,name-defined]
+                """The default asyncio policy, making :class:`EventLoop` loops."""
+
+                _loop_factory = EventLoop
+
+            return EventLoopPolicy
+        if name == "UVEventLoopPolicy" and _uvloop is not None:
+
+            class UVEventLoopPolicy(_uvloop.EventLoopPolicy):  # type: ignore[misc,valid-type,name-defined]
+                """uvloop's policy, making :class:`UVEventLoop` loops."""
+
+                def _loop_factory(self) -> Any:
+                    return UVEventLoop()
+
+            return UVEventLoopPolicy
+    raise AttributeError(f"module 'bucketimer.loop' has no attribute '{name}'")
+
+
+def _policy(name: str, stacklevel: int) -> type:
+    """``EventLoopPolicy`` or ``UVEventLoopPolicy`` for a module's
+    ``__getattr__`` (``stacklevel`` 2: the code that asked for it)."""
+    _policy_deprecated(f"bucketimer.{name}", stacklevel + 1)
+    return _policy_class(name)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("EventLoopPolicy", "UVEventLoopPolicy"):
+        return _policy(name, stacklevel=2)
+    raise AttributeError(f"module 'bucketimer.loop' has no attribute '{name}'")
 
 
 def install() -> None:
-    """``asyncio.set_event_loop_policy(EventLoopPolicy())``."""
-    asyncio.set_event_loop_policy(EventLoopPolicy())
+    """``asyncio.set_event_loop_policy(EventLoopPolicy())``: asyncio's
+    default loop becomes :class:`EventLoop`.  Deprecated from Python 3.14
+    and gone from 3.16, with asyncio's policies: use :func:`run`, or
+    ``loop_factory=bucketimer.new_event_loop``."""
+    _policy_deprecated("bucketimer.install()", 2)
+    policy = _policy_class("EventLoopPolicy")()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.set_event_loop_policy(policy)
 
 
 try:  # the same on top of uvloop
@@ -218,10 +327,6 @@ if _uvloop is not None:
         """A new :class:`UVEventLoop`."""
         return UVEventLoop()
 
-    class UVEventLoopPolicy(_uvloop.EventLoopPolicy):  # type: ignore[misc,valid-type]
-        """uvloop's policy, making :class:`UVEventLoop` loops."""
-
-        def _loop_factory(self) -> UVEventLoop:
-            return UVEventLoop()
-
-    __all__ += ["UVEventLoop", "UVEventLoopPolicy", "new_uv_event_loop"]
+    __all__ += ["UVEventLoop", "new_uv_event_loop"]
+    if sys.version_info < (3, 14):
+        __all__ += ["UVEventLoopPolicy"]
