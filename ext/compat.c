@@ -311,9 +311,17 @@ PyObject *bt_coro_await(bt_compat *c, PyObject *coro) {
 
 /* ---- set-up ------------------------------------------------------------------ */
 
-static int public_api_forced(void) {
+/* Whether BUCKETIMER_PUBLIC_API turns the read `name` off: "1" (or any
+ * value but "0") turns every read off, a comma-separated list of read names
+ * just those (to measure what each one saves). */
+static int public_api_forced(const char *name) {
     const char *v = getenv("BUCKETIMER_PUBLIC_API");
-    return v && *v && strcmp(v, "0") != 0;
+    if (!v || !*v || strcmp(v, "0") == 0) return 0;
+    if (!strchr(v, '_')) return 1; /* no read name in it */
+    size_t n = strlen(name);
+    for (const char *p = strstr(v, name); p; p = strstr(p + 1, name))
+        if ((p == v || p[-1] == ',') && (p[n] == '\0' || p[n] == ',')) return 1;
+    return 0;
 }
 
 PyObject *bt_import_attr(const char *module, const char *name) {
@@ -324,13 +332,14 @@ PyObject *bt_import_attr(const char *module, const char *name) {
     return a;
 }
 
-/* The state each read starts in; `gated_in` says whether this build has it. */
-static void start(_Atomic int *state, int gated_in, int forced, int start_as) {
-    atomic_init(state, !gated_in ? BT_READ_OFF_VERSION : forced ? BT_READ_OFF_ENV : start_as);
+/* The state a read starts in; `gated_in` says whether this build has it. */
+static void start(_Atomic int *state, const char *name, int gated_in, int start_as) {
+    atomic_init(state, !gated_in                 ? BT_READ_OFF_VERSION
+                       : public_api_forced(name) ? BT_READ_OFF_ENV
+                                                 : start_as);
 }
 
 int bt_compat_init(bt_compat *c) {
-    int forced = public_api_forced();
     c->get_running_loop = bt_import_attr("asyncio.events", "_get_running_loop");
     if (!c->get_running_loop) return -1;
     c->current_task = bt_import_attr("asyncio.tasks", "current_task");
@@ -368,11 +377,11 @@ int bt_compat_init(bt_compat *c) {
     c->cr_await_getter = find_cr_await_getter();
     await_in = c->cr_await_getter != NULL;
 #endif
-    start(&c->running_loop_read, loop_in, forced, BT_READ_UNPROVEN);
-    start(&c->current_task_read, task_in, forced, BT_READ_UNPROVEN);
-    start(&c->stop_iteration_read, stop_in, forced,
+    start(&c->running_loop_read, "running_loop", loop_in, BT_READ_UNPROVEN);
+    start(&c->current_task_read, "current_task", task_in, BT_READ_UNPROVEN);
+    start(&c->stop_iteration_read, "stop_iteration", stop_in,
           stop_ok ? BT_READ_PROVEN : BT_READ_OFF_MISMATCH);
-    start(&c->cr_await_read, await_in, forced, BT_READ_PROVEN);
+    start(&c->cr_await_read, "cr_await", await_in, BT_READ_PROVEN);
     return 0;
 }
 

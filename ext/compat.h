@@ -7,7 +7,9 @@
  *   1. only on the CPython versions it was checked against (a gate at
  *      compile time: a newer CPython builds without it),
  *   2. only once a self-check saw it give the public API's answer, and
- *   3. never when BUCKETIMER_PUBLIC_API=1 is in the environment at import.
+ *   3. never when BUCKETIMER_PUBLIC_API=1 is in the environment at import
+ *      (or a comma-separated list naming it: running_loop, current_task,
+ *      stop_iteration, cr_await).
  * Until then, and for good once the two ever disagree, the public API
  * answers.  So a version newer than the last one checked runs slower, never
  * wrong.  docs/design.rst ("Reads of CPython internals") lists each read,

@@ -94,6 +94,18 @@ def test_public_api_forced_by_the_environment():
 
 
 @pytest.mark.skipif(not _checked_reads(), reason="no private reads on this CPython")
+def test_public_api_forced_for_named_reads():
+    """A comma-separated list turns off just the reads it names (to measure
+    what each saves)."""
+    named = sorted(_checked_reads())[:2]
+    got = _run(env={"BUCKETIMER_PUBLIC_API": ",".join(named)})
+    assert got["out"] == got["loop"] == EXPECTED
+    for name in _checked_reads():
+        forced = got["status"][name] == "public: BUCKETIMER_PUBLIC_API"
+        assert forced == (name in named), (name, got["status"])
+
+
+@pytest.mark.skipif(not _checked_reads(), reason="no private reads on this CPython")
 def test_a_read_that_disagrees_turns_itself_off():
     """With asyncio's C accelerator blocked, asyncio keeps the running loop
     and the current task in pure-Python state that the reads do not see:
