@@ -91,11 +91,16 @@ class _NativeTimersMixin:
     _bt_fast = False
     _bt_ready = False  # set_debug() runs inside the base __init__, before _bt_init
 
-    def _bt_init(self, timer_thread: TimerThread | None) -> None:
+    def __new__(cls, *args: Any, timer_thread: TimerThread | None = None, **kwargs: Any) -> Any:
+        # Refused before a loop exists: a half-made one would complain when
+        # collected.
         if timer_thread is not None and not isinstance(timer_thread, TimerThread):
             raise TypeError(
                 f"timer_thread must be a bucketimer.TimerThread, not {type(timer_thread).__name__}"
             )
+        return super().__new__(cls)
+
+    def _bt_init(self, timer_thread: TimerThread | None) -> None:
         self._bt_timer_thread = timer_thread
         self._bt_ready = True
         self._bt_update_fast_path()
