@@ -14,22 +14,44 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).resolve().parent
-PYTHONS = ["3.11", "3.12", "3.13"]
+PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
+# CPython's Py_DEBUG builds (refcount and assertion checks in the
+# interpreter).  grpcio, uvloop and matplotlib publish no wheels for their
+# ABI, so those libraries' tests skip there.
+DEBUG_PYTHONS = ["python3.14d", "python3.15d"]
 
 nox.options.sessions = ["tests", "ctest"]
 
 
-@nox.session(python=PYTHONS)
-def tests(session: nox.Session) -> None:
-    """Builds and installs the package, then runs the pytest suite.
-
-    Tests marked slow (e.g. 10 million live timers, ~3 GB) run only with
-    BUCKETIMER_SLOW_TESTS=1, which also selects the long hypothesis profile.
-    """
-    session.install(".[test]")
+def _pytest(session: nox.Session, env: dict[str, str] | None = None) -> None:
+    """pytest over tests/; slow tests (e.g. 10 million live timers, ~3 GB)
+    only with BUCKETIMER_SLOW_TESTS=1, which also selects the long
+    hypothesis profile."""
     slow = os.environ.get("BUCKETIMER_SLOW_TESTS", "") not in ("", "0")
     marks = [] if slow else ["-m", "not slow"]
-    session.run("pytest", *marks, *session.posargs)
+    session.run("pytest", *marks, *session.posargs, env=env)
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Builds and installs the package, then runs the pytest suite."""
+    session.install(".[test]")
+    _pytest(session)
+
+
+@nox.session(name="tests-public", python=PYTHONS)
+def tests_public(session: nox.Session) -> None:
+    """The suite with BUCKETIMER_PUBLIC_API=1: no read of CPython's private
+    state is used, so every public-API fallback is what runs."""
+    session.install(".[test]")
+    _pytest(session, env={"BUCKETIMER_PUBLIC_API": "1"})
+
+
+@nox.session(name="tests-debug", python=DEBUG_PYTHONS)
+def tests_debug(session: nox.Session) -> None:
+    """The suite under a Py_DEBUG interpreter (cffi builds from source)."""
+    session.install(".[test-core]")
+    _pytest(session)
 
 
 @nox.session
