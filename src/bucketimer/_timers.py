@@ -1,7 +1,7 @@
 """TimerThread: the Python side of the native core.
 
 The hot path (``call_later``, ``call_at``, ``Handle.cancel``, ``Port.drain``)
-is C, in ``_core.c``.  This module does what happens once per loop or once per
+is C, in ``ext/``.  This module does what happens once per loop or once per
 TimerThread: creating a loop's port and registering it with
 ``loop.add_reader``, detaching it when the loop closes, running the dispatcher
 thread for timers scheduled outside any loop, closing, and the process-wide

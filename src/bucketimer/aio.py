@@ -9,14 +9,14 @@ C work instead of a ``heapq`` push of a Python ``TimerHandle`` and a
 tombstone in the loop's heap.  A deadline already reached still goes to
 ``loop.call_soon``, as in asyncio, so it fires on the next loop iteration.
 
-``Timeout`` is implemented in C (``_core.c``): its ``__aenter__`` and
-``__aexit__`` return awaitables that are already done, so an ``async with``
-that does not time out costs a handful of C calls.  The versions differ only
-in what happens when a timeout expires: 3.11 and 3.12 turn exactly a
-``CancelledError`` into ``TimeoutError``; 3.13 also turns subclasses of it,
-and puts a ``TimeoutError`` into the context chain of any other exception
-raised while handling the cancellation.  The C type follows whichever the
-running asyncio does.
+``Timeout`` is implemented in C (``ext/timeout.c``): its ``__aenter__`` and
+``__aexit__`` return awaitables that do their work when awaited and never
+suspend, so an ``async with`` that does not time out costs a handful of C
+calls.  The versions differ only in what happens when a timeout expires:
+3.11 and 3.12 turn exactly a ``CancelledError`` into ``TimeoutError``; 3.13
+and later also turn subclasses of it, and put a ``TimeoutError`` into the
+context chain of any other exception raised while handling the
+cancellation.  The C type follows the running version's asyncio.
 
 They work on any loop with ``add_reader`` (the stock selector loop, uvloop,
 :class:`bucketimer.EventLoop`).
@@ -93,7 +93,7 @@ if sys.version_info >= (3, 12):
     # inside timeout().  On timeout it is cancelled and TimeoutError raised;
     # if it swallows the cancellation and returns a value, that value is
     # returned.  _core.wait_for is that coroutine written in C (see
-    # _core.c); timeout <= 0 runs _wait_for_nonpositive.
+    # ext/wait_for.c); timeout <= 0 runs _wait_for_nonpositive.
     _core._set_wait_for_nonpositive(_wait_for_nonpositive)
     collections.abc.Coroutine.register(_core.WaitFor)
 
