@@ -23,6 +23,7 @@ from typing import Any
 from . import loop
 from ._core import monotonic_ns
 from ._timers import Handle, TimerThread, call_at, call_later, default_timer_thread
+from ._version import __version__ as __version__
 from .aio import Timeout, timeout, timeout_at, wait_for
 from .loop import EventLoop, install, new_event_loop, run
 
@@ -45,8 +46,6 @@ __all__ = [
 
 if sys.version_info < (3, 14):
     __all__ += ["EventLoopPolicy"]
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
