@@ -6,6 +6,7 @@ and the C tests under ctest.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -59,7 +60,7 @@ def lint(session: nox.Session) -> None:
     """ruff check."""
     session.install("ruff")
     session.run(
-        "ruff", "check", "src", "tests", "benchmarks", "noxfile.py", *session.posargs
+        "ruff", "check", "src", "tests", "benchmarks", "tools", "noxfile.py", *session.posargs
     )
 
 
@@ -213,3 +214,104 @@ def notebook(session: nox.Session) -> None:
         session.skip(f"{NOTEBOOK} does not exist")
     session.install(".[bench,docs]")
     session.run("python", "-c", _EXECUTE_NOTEBOOK, NOTEBOOK)
+
+
+# -- release artefacts -------------------------------------------------------------
+
+DIST_PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
+DIST_DIR = ROOT / "dist"
+DIST_WORK = ROOT / "build-dist"
+# Runs a command under the CPythons this machine does not ship (see its header).
+DEBIAN_PYTHON = ROOT.parent / "shared" / "tools" / "debian-python"
+# Top-level files of the sdist besides csrc/, ext/, src/ and tests/.
+SDIST_ROOT_FILES = {"pyproject.toml", "CMakeLists.txt", "README.rst", "CHANGELOG.rst"}
+
+
+def _python_on_path(version: str) -> str | None:
+    """``pythonX.Y`` if it is on PATH and really is X.Y (a pyenv shim for a
+    version not selected is on PATH but fails)."""
+    exe = shutil.which(f"python{version}")
+    if exe is None:
+        return None
+    probe = subprocess.run(
+        [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+    )
+    return exe if probe.returncode == 0 and probe.stdout.strip() == version else None
+
+
+def _check_sdist(session: nox.Session, sdist: Path) -> None:
+    """The sdist holds exactly the tracked files a build and its tests need."""
+    import tarfile
+
+    with tarfile.open(sdist) as tf:
+        prefix = sdist.name[: -len(".tar.gz")] + "/"
+        members = {m.name[len(prefix) :] for m in tf.getmembers() if m.isfile()}
+        pkg_info = tf.extractfile(prefix + "PKG-INFO").read().decode()
+    ns: dict[str, str] = {}
+    exec((ROOT / "src" / "bucketimer" / "_version.py").read_text(), ns)
+    version = ns["__version__"]
+    if f"\nVersion: {version}\n" not in pkg_info:
+        session.error(f"sdist metadata does not say Version: {version}")
+    changelog = (ROOT / "CHANGELOG.rst").read_text()
+    if f"\n{version}\n{'-' * len(version)}\n" not in changelog:
+        session.error(f"CHANGELOG.rst has no section for {version}")
+    try:
+        tracked = subprocess.run(
+            ["git", "ls-files", "csrc", "ext", "src", "tests", *sorted(SDIST_ROOT_FILES)],
+            cwd=ROOT, check=True, capture_output=True, text=True,
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        session.warn("not a git checkout: sdist contents not compared with the tracked files")
+        return
+    expected = set(tracked) | {"PKG-INFO"}
+    missing, extra = sorted(expected - members), sorted(members - expected)
+    if missing or extra:
+        session.error(f"sdist contents: missing {missing}, unexpected {extra}")
+    session.log(f"{sdist.name}: {len(members)} files, the tracked ones of csrc/ ext/ src/ tests/")
+
+
+@nox.session(python="3.11")
+def dist(session: nox.Session) -> None:
+    """The sdist and one audited manylinux wheel per supported CPython, in dist/.
+
+    Each wheel is built from the sdist by tools/build_wheel.py under its own
+    interpreter: with zig cc targeting glibc 2.28, repaired and checked by
+    auditwheel, then installed where no compiler is on PATH and smoke-tested.
+    A CPython not on PATH (3.14, 3.15 here) is reached through
+    ../shared/tools/debian-python.  ``nox -s dist -- 3.12 3.14`` builds a
+    subset.  dist/ is emptied first.
+    """
+    versions = session.posargs or DIST_PYTHONS
+    unknown = sorted(set(versions) - set(DIST_PYTHONS))
+    if unknown:
+        session.error(f"not a supported CPython: {unknown} (supported: {DIST_PYTHONS})")
+    session.install("build")
+    shutil.rmtree(DIST_DIR, ignore_errors=True)
+    session.run("python", "-m", "build", "--sdist", "--outdir", str(DIST_DIR))
+    (sdist,) = DIST_DIR.glob("*.tar.gz")
+    _check_sdist(session, sdist)
+
+    summaries = []
+    for version in versions:
+        work = DIST_WORK / version
+        args = ["tools/build_wheel.py", "--sdist", str(sdist), "--out", str(DIST_DIR),
+                "--work", str(work)]
+        exe = _python_on_path(version)
+        if exe is not None:
+            session.run(exe, *args, external=True)
+        elif DEBIAN_PYTHON.exists():
+            session.log(f"python{version} is not on PATH: building in {DEBIAN_PYTHON.name}")
+            session.run(str(DEBIAN_PYTHON), "run", str(ROOT), "--", f"python{version}", *args,
+                        external=True)
+        else:
+            session.error(f"python{version} is not on PATH and {DEBIAN_PYTHON} does not exist")
+        summaries.append(json.loads((work / "summary.json").read_text()))
+
+    session.log(f"sdist: {sdist.name} ({sdist.stat().st_size} bytes)")
+    for s in summaries:
+        session.log(
+            f"{s['wheel']}: {s['size']} bytes; newest glibc symbol {s['newest_glibc']}; "
+            f"auditwheel: {' '.join(s['auditwheel_show'].split()[1:9])}; {s['seconds']} s"
+        )

