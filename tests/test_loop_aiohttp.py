@@ -1,0 +1,179 @@
+"""The drop-in loop under aiohttp: a real server and client on 127.0.0.1.
+
+Every test runs on :class:`bucketimer.EventLoop` and, where uvloop is
+installed, on :class:`bucketimer.loop.UVEventLoop`, each with a TimerThread
+of its own whose counters show that aiohttp's timers (``ClientTimeout``'s
+``total`` and ``sock_read``, the server's keep-alive) went through the native
+core and not through the loop's own heap.  What is pinned: keep-alive reuses
+one connection for several requests; a handler that outlives the client's
+``total`` timeout makes the client raise ``TimeoutError`` no earlier than
+that timeout and the server cancel the handler once the client has gone; a
+body that stalls longer than ``sock_read`` raises ``ServerTimeoutError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from _native_loop import LOOPS, LoopFactory, NativeTimers
+
+aiohttp = pytest.importorskip("aiohttp")
+from aiohttp import web  # noqa: E402
+
+# Upper bounds only (a timer never fires early, so the lower bound is the
+# timeout itself); generous enough for a loaded 2-CPU machine and ASan.
+SLACK = 10.0
+
+
+class Loop:
+    """``asyncio.Runner`` on a drop-in loop served by its own TimerThread."""
+
+    def __init__(self, factory: LoopFactory) -> None:
+        self.timers = NativeTimers(factory)
+        self.runner = asyncio.Runner(loop_factory=self.timers.loop_factory)
+
+    def run(self, coro: Any, timeout: float = 60.0) -> Any:
+        return self.runner.run(asyncio.wait_for(coro, timeout))
+
+    def assert_native(self, **minimums: int) -> dict[str, int]:
+        return self.timers.assert_native(**minimums)
+
+    def close(self) -> None:
+        self.runner.close()
+        self.timers.close()
+
+
+@pytest.fixture(params=LOOPS)
+def native(request: pytest.FixtureRequest) -> Iterator[Loop]:
+    loop = Loop(request.param)
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application) -> AsyncIterator[str]:
+    """Runs ``app`` on 127.0.0.1 (a free port); yields its base URL.  The
+    handler of a request whose client disconnects is cancelled."""
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def test_keep_alive_reuses_one_connection(native: Loop) -> None:
+    peers: list[tuple[str, int]] = []
+
+    async def hello(request: web.Request) -> web.Response:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername"))
+        await asyncio.sleep(0.001)  # a timer on the server side too
+        return web.Response(text=f"hello {len(peers)}")
+
+    async def main() -> list[str]:
+        app = web.Application()
+        app.router.add_get("/", hello)
+        timeout = aiohttp.ClientTimeout(total=30, sock_read=20)
+        async with serve(app) as url:
+            connector = aiohttp.TCPConnector(limit=1)
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+                bodies = []
+                for _ in range(5):
+                    async with session.get(url) as resp:
+                        assert resp.status == 200
+                        assert resp.headers.get("Connection", "keep-alive").lower() == "keep-alive"
+                        bodies.append(await resp.text())
+                return bodies
+
+    assert native.run(main()) == [f"hello {i}" for i in range(1, 6)]
+    # One client socket for all five requests: the connection was reused.
+    assert len(peers) == 5 and len(set(peers)) == 1, peers
+    # Each request armed (and, being in time, disarmed) its total and
+    # sock_read timers, and each handler's sleep ran.
+    d = native.assert_native(min_cancelled=5, min_ran=5)
+    assert d["scheduled"] >= 15, d
+
+
+def test_handler_outliving_the_total_timeout(native: Loop) -> None:
+    total = 0.3
+    started = asyncio.Event()
+    outcome: list[str] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            outcome.append("cancelled")
+            raise
+        outcome.append("finished")
+        return web.Response(text="too late")
+
+    async def main() -> tuple[type[BaseException], float]:
+        app = web.Application()
+        app.router.add_get("/slow", slow)
+        async with serve(app) as url:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=total)) as session:
+                t0 = time.monotonic()
+                with pytest.raises(TimeoutError) as exc_info:
+                    async with session.get(f"{url}/slow") as resp:
+                        await resp.read()
+                elapsed = time.monotonic() - t0
+            assert started.is_set()
+            # The client closed its connection: the server cancels the handler.
+            deadline = time.monotonic() + SLACK
+            while not outcome and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            return exc_info.type, elapsed
+
+    exc_type, elapsed = native.run(main())
+    assert issubclass(exc_type, TimeoutError)
+    assert total <= elapsed < total + SLACK, elapsed
+    assert outcome == ["cancelled"]
+    # The client's total timer fired through the core; the handler's
+    # one-hour sleep was a native timer, cancelled with the handler.
+    native.assert_native(min_cancelled=1, min_ran=1)
+
+
+def test_body_stalling_longer_than_sock_read(native: Loop) -> None:
+    sock_read = 0.3
+
+    async def stalls(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_length = 1000
+        await resp.prepare(request)
+        await resp.write(b"x" * 10)
+        await asyncio.sleep(3600)
+        return resp
+
+    async def main() -> tuple[bytes, float]:
+        app = web.Application()
+        app.router.add_get("/stalls", stalls)
+        timeout = aiohttp.ClientTimeout(total=60, sock_read=sock_read)
+        async with serve(app) as url:
+            async with aiohttp.ClientSession(timeout=timeout) as session:
+                # Before the request: the sock_read timer restarts at the last
+                # data received, which comes after this.
+                t0 = time.monotonic()
+                async with session.get(f"{url}/stalls") as resp:
+                    assert resp.status == 200
+                    first = await resp.content.readexactly(10)
+                    with pytest.raises(aiohttp.ServerTimeoutError):
+                        await resp.read()
+                    return first, time.monotonic() - t0
+
+    first, elapsed = native.run(main())
+    assert first == b"x" * 10
+    assert sock_read <= elapsed < sock_read + SLACK, elapsed
+    native.assert_native(min_cancelled=1, min_ran=1)
