@@ -221,7 +221,8 @@ def notebook(session: nox.Session) -> None:
 DIST_PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
 DIST_DIR = ROOT / "dist"
 DIST_WORK = ROOT / "build-dist"
-# Runs a command under the CPythons this machine does not ship (see its header).
+# Where the machine provides it: runs a command in a Debian root that has the
+# CPythons pyenv does not (3.14, 3.15), with this directory mounted in place.
 DEBIAN_PYTHON = ROOT.parent / "shared" / "tools" / "debian-python"
 # Top-level files of the sdist besides csrc/, ext/, src/ and tests/.
 SDIST_ROOT_FILES = {"pyproject.toml", "CMakeLists.txt", "README.rst", "CHANGELOG.rst"}
@@ -279,9 +280,9 @@ def dist(session: nox.Session) -> None:
     Each wheel is built from the sdist by tools/build_wheel.py under its own
     interpreter: with zig cc targeting glibc 2.28, repaired and checked by
     auditwheel, then installed where no compiler is on PATH and smoke-tested.
-    A CPython not on PATH (3.14, 3.15 here) is reached through
-    ../shared/tools/debian-python.  ``nox -s dist -- 3.12 3.14`` builds a
-    subset.  dist/ is emptied first.
+    A CPython not on PATH (3.14, 3.15 here) is run from the Debian root of
+    DEBIAN_PYTHON.  ``nox -s dist -- 3.12 3.14`` builds a subset.  dist/ is
+    emptied first.
     """
     versions = session.posargs or DIST_PYTHONS
     unknown = sorted(set(versions) - set(DIST_PYTHONS))

@@ -18,7 +18,7 @@ interpreter that runs this script.
 
 It needs only the standard library (the tools go into their own venv), so
 that the same script runs under any CPython, including the ones
-``nox -s dist`` reaches through ``debian-python``.  It prints and writes
+``nox -s dist`` runs from a Debian root.  It prints and writes
 ``WORK/summary.json``: the wheel's name, tags, size, the newest glibc
 symbol version its extensions need, and ``auditwheel show``'s report.
 """
@@ -234,6 +234,7 @@ def main() -> int:
         "HOME": env.get("HOME", "/root"),
         "LANG": "C.UTF-8",
         "BUCKETIMER_SMOKE_INSTALLED": "1",
+        "BUCKETIMER_SMOKE_NO_COMPILER": "1",
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
     run([smoke_py, "-m", "pip", "install", "-q", "--no-index", "--only-binary=:all:",
