@@ -294,25 +294,37 @@ def dist(session: nox.Session) -> None:
     (sdist,) = DIST_DIR.glob("*.tar.gz")
     _check_sdist(session, sdist)
 
-    summaries = []
+    # Every version is tried; the session fails at the end if any failed.
+    summaries, failed = [], []
     for version in versions:
         work = DIST_WORK / version
         args = ["tools/build_wheel.py", "--sdist", str(sdist), "--out", str(DIST_DIR),
                 "--work", str(work)]
         exe = _python_on_path(version)
         if exe is not None:
-            session.run(exe, *args, external=True)
+            cmd = [exe, *args]
         elif DEBIAN_PYTHON.exists():
             session.log(f"python{version} is not on PATH: building in {DEBIAN_PYTHON.name}")
-            session.run(str(DEBIAN_PYTHON), "run", str(ROOT), "--", f"python{version}", *args,
-                        external=True)
+            cmd = [str(DEBIAN_PYTHON), "run", str(ROOT), "--", f"python{version}", *args]
         else:
-            session.error(f"python{version} is not on PATH and {DEBIAN_PYTHON} does not exist")
-        summaries.append(json.loads((work / "summary.json").read_text()))
+            session.warn(f"python{version} is not on PATH and {DEBIAN_PYTHON} does not exist")
+            failed.append(version)
+            continue
+        shutil.rmtree(work, ignore_errors=True)
+        session.run(*cmd, external=True, success_codes=range(256))
+        summary = work / "summary.json"
+        s = json.loads(summary.read_text()) if summary.exists() else None
+        if s is None or s["smoke"] != "passed":
+            failed.append(version)
+        if s is not None:
+            summaries.append(s)
 
     session.log(f"sdist: {sdist.name} ({sdist.stat().st_size} bytes)")
     for s in summaries:
         session.log(
             f"{s['wheel']}: {s['size']} bytes; newest glibc symbol {s['newest_glibc']}; "
-            f"auditwheel: {' '.join(s['auditwheel_show'].split()[1:9])}; {s['seconds']} s"
+            f"auditwheel: {' '.join(s['auditwheel_show'].split()[1:9])}; "
+            f"smoke tests {s['smoke']}; {s['seconds']} s"
         )
+    if failed:
+        session.error(f"no wheel for CPython {', '.join(failed)} (see above)")

@@ -14,13 +14,14 @@ interpreter that runs this script.
 3. installs it, offline and with only binary wheels, into a venv whose
    ``PATH`` holds no compiler, and runs the sdist's ``tests/test_smoke.py``
    there from an empty directory, so that only the installed package can be
-   imported.
+   imported.  Only a wheel that passed is copied to OUT.
 
 It needs only the standard library (the tools go into their own venv), so
 that the same script runs under any CPython, including the ones
-``nox -s dist`` runs from a Debian root.  It prints and writes
-``WORK/summary.json``: the wheel's name, tags, size, the newest glibc
-symbol version its extensions need, and ``auditwheel show``'s report.
+``nox -s dist`` runs from a Debian root.  It writes ``WORK/summary.json``
+once the wheel is audited: the wheel's name, tags, size, the newest glibc
+symbol version its extensions need, ``auditwheel show``'s report, and how
+the smoke tests went.
 """
 
 from __future__ import annotations
@@ -221,11 +222,45 @@ def main() -> int:
         raise SystemExit(f"an extension needs {newest}, newer than glibc {GLIBC}: {needed}")
     log(f"{wheel.name}: newest glibc symbol version needed: {newest}")
 
-    # -- 3. install with no compiler on PATH, run the smoke tests -------------------------
+    # The audited wheel's facts, written now so that a failing smoke test
+    # still leaves them for the report.
+    summary = {
+        "python": platform.python_version(),
+        "wheel": wheel.name,
+        "tags": tags,
+        "size": wheel.stat().st_size,
+        "glibc_needed": needed,
+        "newest_glibc": newest,
+        "auditwheel_show": show,
+        "smoke": "not run",
+    }
+
+    def write_summary(smoke: str) -> None:
+        summary["smoke"] = smoke
+        summary["seconds"] = round(time.monotonic() - started, 1)
+        (work / "summary.json").write_text(json.dumps(summary, indent=2))
+
+    write_summary("not run")
+    try:
+        smoke_test(work, sdist, wheel, build_py, env)
+    except SystemExit:
+        write_summary("failed")
+        raise
+    write_summary("passed")
+
+    # -- result: only a wheel that passed reaches OUT -------------------------------
+    shutil.copy2(wheel, out / wheel.name)
+    log(f"{out / wheel.name} ({summary['size']} bytes) in {summary['seconds']} s")
+    return 0
+
+
+def smoke_test(work: Path, sdist: Path, wheel: Path, build_py: Path, env: dict[str, str]) -> None:
+    """Installs ``wheel`` with no compiler on PATH and runs the sdist's smoke
+    tests against it from an empty directory."""
     deps = work / "deps"
     # Binary wheels of the dependencies, made while a compiler may still be
     # at hand (a CPython too new for a dependency's wheels builds it here).
-    run([build_py, "-m", "pip", "wheel", "-q", "-w", deps, *SMOKE_DEPS, f"{raw_wheel}"], env=env)
+    run([build_py, "-m", "pip", "wheel", "-q", "-w", deps, *SMOKE_DEPS, wheel], env=env)
     for p in deps.glob("bucketimer-*.whl"):
         p.unlink()
     smoke_py = venv(work / "smoke")
@@ -249,24 +284,6 @@ def main() -> int:
     (rundir / "pytest.ini").write_text("[pytest]\n")
     run([smoke_py, "-m", "pytest", "-p", "no:cacheprovider", "-v", "test_smoke.py"],
         env=smoke_env, cwd=rundir)
-
-    # -- result -------------------------------------------------------------------
-    final = out / wheel.name
-    shutil.copy2(wheel, final)
-    summary = {
-        "python": platform.python_version(),
-        "wheel": final.name,
-        "tags": tags,
-        "size": final.stat().st_size,
-        "glibc_needed": needed,
-        "newest_glibc": newest,
-        "auditwheel_show": show,
-        "seconds": round(time.monotonic() - started, 1),
-    }
-    (work / "summary.json").write_text(json.dumps(summary, indent=2))
-    log(f"{final} ({summary['size']} bytes) in {summary['seconds']} s")
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
