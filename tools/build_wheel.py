@@ -250,6 +250,10 @@ def main() -> int:
 
     # -- result: only a wheel that passed reaches OUT -------------------------------
     shutil.copy2(wheel, out / wheel.name)
+    # The venvs (zig alone is a few hundred MB) go; the logs and the summary
+    # stay.  A failed run keeps everything, to look into.
+    for scratch in ("tools", "build", "smoke", "deps", "raw", "unpacked"):
+        shutil.rmtree(work / scratch, ignore_errors=True)
     log(f"{out / wheel.name} ({summary['size']} bytes) in {summary['seconds']} s")
     return 0
 
