@@ -478,7 +478,6 @@ static void collect_lists(bt_timer_thread *tt, int sweep_now) {
 /* Adds a fired timer to its port's batch for this pass. */
 static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
     bt_port *p = BT_LOAD(t->port);
-    if (atomic_load_explicit(&p->detached, memory_order_acquire)) p = tt->orphans;
     t->next = p->pass_head; /* newest first, as the port's stack wants */
     p->pass_head = t;
     if (!p->pass_tail) p->pass_tail = t;
@@ -490,17 +489,19 @@ static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
 }
 
 /* Hands each port its batch: one push and at most one fd write per port per
- * pass (rule 8). */
+ * pass (rule 8).  A port detached since gets nothing: its batch goes to the
+ * orphan port, whose consumer releases it (rule 11; port.c says why no
+ * timer can be left behind in a detached port). */
 static void flush_posts(bt_timer_thread *tt) {
     bt_port *p = tt->pass_ports;
     tt->pass_ports = NULL;
     while (p) {
         bt_port *next = p->pass_next;
-        bt__port_post_chain(p, p->pass_head, p->pass_tail);
+        if (!bt__port_post(p, p->pass_head, p->pass_tail))
+            bt__port_post(tt->orphans, p->pass_head, p->pass_tail);
         p->pass_head = p->pass_tail = NULL;
         p->pass_next = NULL;
         p->in_pass = 0;
-        bt__port_signal(p);
         p = next;
     }
 }

@@ -106,6 +106,8 @@ struct bt_port {
     int fd;        /* eventfd, or the read end of a pipe; -1 if none */
     int wfd;       /* write end (== fd for an eventfd) */
     _Atomic int detached;
+    /* posts in progress on the timer thread: detach waits them out (port.c) */
+    _Atomic uint32_t posting;
     /* consumer side, touched only by the consuming thread */
     struct bt_timer *batch;
     /* consumer counters: single writer, relaxed */
@@ -213,7 +215,10 @@ void bt__heap_free(struct bt__heap *h);
 int bt__forked(const bt_timer_thread *tt);
 
 /* port.c */
-void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
+/* Pushes head..tail (newest first) onto the port and signals it; returns 0
+ * without touching the port if it is detached (the caller posts the chain to
+ * the orphan port instead), 1 otherwise. */
+int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
 int bt__port_signal(bt_port *port);  /* returns 1 if it wrote the fd */
 void bt__port_free(bt_port *port);
 void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);

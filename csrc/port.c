@@ -3,8 +3,8 @@
  *
  * The producer (the timer thread, once per pass) pushes a whole batch of
  * timers onto a Treiber stack with one CAS, then signals the fd unless the
- * "signalled" flag says it already is (libuv's uv_async_send; DESIGN.md rule
- * 8).  The one consumer acks the signal first, then takes the whole stack
+ * "signalled" flag says it already is (libuv's uv_async_send; docs/design.rst
+ * rule 8).  The one consumer acks the signal first, then takes the whole stack
  * with an exchange and reverses it, which gives back fire order.  Taking the
  * whole stack means no ABA: nobody ever pops a single node from it.
  *
@@ -13,11 +13,24 @@
  * are seq_cst, so if the producer saw 1 (and skipped the write) its push came
  * before the consumer's store of 0, hence before its exchange of the stack:
  * the consumer takes that batch.  Otherwise the producer writes the fd.
+ *
+ * Detach (docs/design.rst rule 11).  A post counts itself in `posting`, then
+ * reads `detached`; detach stores `detached`, then waits until `posting` reads
+ * 0.  All four are seq_cst: in their single total order either the post's
+ * read of `detached` comes first, and then detach's read of `posting` sees the
+ * post's increment and waits for its decrement (a release, after the push and
+ * the signal), or detach's store comes first and the post sees it and pushes
+ * nothing.  So when bt_port_detach returns, every push the port will ever
+ * get happened before: a drain after detach takes all of them, and timers
+ * that fall due later go to the orphan port.  The wait is for at most one
+ * push and one fd write on the timer thread.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -77,11 +90,25 @@ int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
 
 int32_t bt_port_fd(bt_port *port) { return port ? port->fd : -1; }
 
+/* Waits until *count reads 0: yields first, then sleeps in short steps. */
+static void wait_out(_Atomic uint32_t *count) {
+    for (unsigned i = 0; atomic_load(count) != 0; i++) {
+        if (i < 64) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 int bt_port_detach(bt_port *port) {
     if (!port) return -EINVAL;
     if (bt__forked(port->tt)) return -ECHILD;
-    pthread_mutex_lock(&port->fd_mutex);
+    if (port == port->tt->orphans) return -EINVAL; /* where detached ports' timers go */
     atomic_store(&port->detached, 1);
+    wait_out(&port->posting); /* see the header comment */
+    pthread_mutex_lock(&port->fd_mutex);
     if (port->fd >= 0) close(port->fd);
     if (port->wfd >= 0 && port->wfd != port->fd) close(port->wfd);
     port->fd = port->wfd = -1;
@@ -91,7 +118,7 @@ int bt_port_detach(bt_port *port) {
 
 bt_port *bt_orphans(bt_timer_thread *tt) { return tt ? tt->orphans : NULL; }
 
-void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail) {
+static void push_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail) {
     /* head..tail is in reverse fire order (newest first), as a stack wants. */
     struct bt_timer *old = atomic_load_explicit(&port->stack, memory_order_relaxed);
     do {
@@ -99,6 +126,18 @@ void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *
     } while (!atomic_compare_exchange_weak_explicit(&port->stack, &old, head,
                                                     memory_order_seq_cst,
                                                     memory_order_relaxed));
+}
+
+int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail) {
+    atomic_fetch_add(&port->posting, 1);
+    if (atomic_load(&port->detached)) {
+        atomic_fetch_sub_explicit(&port->posting, 1, memory_order_release);
+        return 0;
+    }
+    push_chain(port, head, tail);
+    bt__port_signal(port);
+    atomic_fetch_sub_explicit(&port->posting, 1, memory_order_release);
+    return 1;
 }
 
 int bt__port_signal(bt_port *port) {

@@ -146,11 +146,13 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
 int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out);
 /* The fd to poll for readability, or -1. */
 int32_t bt_port_fd(bt_port *port);
-/* Closes the port's fd and marks it detached: timers that become due for it
- * afterwards are not posted to it but to the core's orphan port (see
- * bt_orphans), so nothing is ever signalled on a closed fd.  Timers already
- * in its queue stay there for the consumer to take.  Its memory lives until
- * bt_destroy. */
+/* Marks the port detached and closes its fd.  When it returns, nothing will
+ * ever be pushed to the port again: what the timer thread posted to it before
+ * is in its queue for the consumer to take (drain it after detaching), and
+ * timers that fall due for it later go to the core's orphan port (see
+ * bt_orphans); nothing is ever signalled on a closed fd.  It may wait for a
+ * post to this port in progress on the timer thread (one push and one fd
+ * write).  Its memory lives until bt_destroy.  -EINVAL for the orphan port. */
 int bt_port_detach(bt_port *port);
 /* Port receiving timers whose own port was detached.  Its consumer releases
  * them without running them. */
