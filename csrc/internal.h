@@ -101,13 +101,13 @@ struct bt_port {
     /* producer side: a Treiber stack, pushed a whole batch at a time */
     _Atomic(struct bt_timer *) stack;
     _Atomic int signalled;
-    /* fd side: fd_mutex orders a signal write against detach's close */
-    pthread_mutex_t fd_mutex;
-    int fd;        /* eventfd, or the read end of a pipe; -1 if none */
-    int wfd;       /* write end (== fd for an eventfd) */
+    /* fd side, no lock (port.c): whoever pushes, writes or reads the fd
+     * counts itself in `users` and then checks `detached`; detach sets
+     * `detached`, waits for `users` to reach 0, and only then closes */
+    _Atomic int fd;   /* eventfd, or the read end of a pipe; -1 if none */
+    _Atomic int wfd;  /* write end (== fd for an eventfd) */
     _Atomic int detached;
-    /* posts in progress on the timer thread: detach waits them out (port.c) */
-    _Atomic uint32_t posting;
+    _Atomic uint32_t users;
     /* consumer side, touched only by the consuming thread */
     struct bt_timer *batch;
     /* consumer counters: single writer, relaxed */
@@ -219,7 +219,6 @@ int bt__forked(const bt_timer_thread *tt);
  * without touching the port if it is detached (the caller posts the chain to
  * the orphan port instead), 1 otherwise. */
 int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
-int bt__port_signal(bt_port *port);  /* returns 1 if it wrote the fd */
 void bt__port_free(bt_port *port);
 void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);
 

@@ -5,7 +5,9 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -354,6 +356,57 @@ static void test_stop_drops_pending(void) {
     bt_destroy(tt);
 }
 
+/* The consumer side of a port must never hold up the timer thread.  A
+ * consumer stuck inside bt_port_ack's read() -- the port's fd is made
+ * blocking here, which stands for a consumer descheduled in the middle of
+ * its ack for as long as one likes -- must delay no timer: not the timer of
+ * its own port whose signal it waits for, not a native timer, not another
+ * port's.  (An earlier core held a per-port mutex across that read() and
+ * took the same mutex on the timer thread to signal the port.) */
+static void *ack_port(void *arg) {
+    bt_port_ack(arg);
+    return NULL;
+}
+
+static void test_consumer_stuck_in_ack_delays_no_timer(void) {
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    bt_port *stuck, *other;
+    CHECK(bt_port_open(tt, 1, &stuck) == 0);
+    CHECK(bt_port_open(tt, 1, &other) == 0);
+    int fd = bt_port_fd(stuck);
+    CHECK(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0);
+    pthread_t consumer;
+    CHECK(pthread_create(&consumer, NULL, ack_port, stuck) == 0);
+    usleep(20000); /* it is in read(): nothing was signalled yet */
+
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    int64_t now = bt_now_ns();
+    struct rec_arg a = {&rec, now + 20 * MS, 0, tt};
+    uint64_t id;
+    CHECK(bt_schedule_port(tt, now + 5 * MS, stuck, NULL, &id) == 0);
+    CHECK(bt_schedule_native(tt, a.deadline, record, &a, &id) == 0);
+    CHECK(bt_schedule_port(tt, a.deadline, other, NULL, &id) == 0);
+    struct pollfd pfd = {bt_port_fd(other), POLLIN, 0};
+    CHECK(poll(&pfd, 1, 1000) == 1); /* the other port's timer was posted */
+    int64_t posted_at = bt_now_ns();
+    usleep(5000);
+    size_t ran = atomic_load(&rec.n); /* the native timer ran meanwhile */
+
+    /* Free the consumer whatever happened: a write is what its read waits for. */
+    uint64_t one = 1;
+    CHECK(write(fd, &one, sizeof(one)) == (ssize_t)sizeof(one));
+    pthread_join(consumer, NULL);
+    bt_stop(tt); /* joins the thread: its writes to rec happen-before ours */
+    CHECK(ran == 1);
+    if (ran == 1) CHECK(rec.at[0] - a.deadline < 100 * MS);
+    CHECK(posted_at - a.deadline < 100 * MS);
+    printf("  a consumer stuck in read(): the native timer %s, the other port's was posted "
+           "%.1f ms late\n", ran ? "ran" : "did NOT run", (double)(posted_at - a.deadline) / MS);
+    bt_destroy(tt);
+}
+
 struct test {
     const char *name;
     void (*fn)(void);
@@ -371,6 +424,7 @@ int main(void) {
         {"real_thread_fires_on_time", test_real_thread_fires_on_time},
         {"wake_for_earlier", test_wake_for_earlier},
         {"stop_drops_pending", test_stop_drops_pending},
+        {"consumer_stuck_in_ack_delays_no_timer", test_consumer_stuck_in_ack_delays_no_timer},
     };
     int passed = 0;
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
