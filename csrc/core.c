@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #if defined(__linux__)
 #include <sys/prctl.h>
@@ -75,6 +76,49 @@ static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
     return k < tt->nbuckets ? k : k % tt->nbuckets; /* no division for the first threads */
 }
 
+/* ---- ids (rule 1) ----------------------------------------------------------
+ * An id is `generation << 32 | tag << 26 | index`.  The tag names the core:
+ * tags 1..63 are handed out round robin among the tags no live core holds,
+ * so up to 63 cores alive at once have distinct tags and bt_cancel answers
+ * BT_UNKNOWN for another live core's ids without looking at a slot.  A
+ * freed tag goes back to the end of the line.  Past 63 live cores tags are
+ * shared; every core then still starts its slots' generations at its own
+ * random gen0, so another core's id names a live timer only if both its
+ * index and its 32-bit generation happen to match. */
+
+static _Atomic uint64_t tags_in_use; /* bit t: tag t is some live core's own */
+static _Atomic uint32_t tag_cursor;
+
+static void take_tag(bt_timer_thread *tt) {
+    uint32_t start = atomic_fetch_add_explicit(&tag_cursor, 1, memory_order_relaxed);
+    for (uint32_t k = 0; k < BT_TAGS; k++) {
+        uint32_t tag = 1 + (start + k) % BT_TAGS;
+        uint64_t bit = 1ULL << tag;
+        if (!(atomic_fetch_or(&tags_in_use, bit) & bit)) {
+            tt->tag = tag;
+            tt->tag_owned = 1;
+            return;
+        }
+    }
+    tt->tag = 1 + start % BT_TAGS;
+    tt->tag_owned = 0;
+}
+
+static void give_tag(bt_timer_thread *tt) {
+    if (tt->tag_owned) atomic_fetch_and(&tags_in_use, ~(1ULL << tt->tag));
+}
+
+static uint32_t random_gen0(const bt_timer_thread *tt) {
+    uint32_t r;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r)) return r;
+    /* No entropy yet (early boot): a mix of the clock and the address. */
+    uint64_t x = (uint64_t)bt_now_ns() ^ ((uint64_t)(uintptr_t)tt << 16);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
 /* ---- options and creation ------------------------------------------------ */
 
 void bt_options_init(bt_options *opt) {
@@ -106,6 +150,7 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     tt->opt = opt;
     tt->nbuckets = opt.num_buckets;
     tt->fork_generation = atomic_load(&fork_generation);
+    tt->gen0 = random_gen0(tt);
     if (posix_memalign((void **)&tt->buckets, 64, sizeof(struct bt__bucket) * tt->nbuckets)) {
         free(tt);
         return -ENOMEM;
@@ -117,6 +162,7 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
         free(tt);
         return -ENOMEM;
     }
+    take_tag(tt);
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         pthread_mutex_init(&tt->buckets[b].mutex, NULL);
         tt->buckets[b].nearest = BT_NEVER;
@@ -788,6 +834,7 @@ void bt_destroy(bt_timer_thread *tt) {
     pthread_mutex_destroy(&tt->wake_mutex);
     pthread_mutex_destroy(&tt->advance_mutex);
     pthread_mutex_destroy(&tt->ports_mutex);
+    give_tag(tt);
     free(tt->chains);
     free(tt->buckets);
     free(tt);

@@ -29,6 +29,13 @@
 #define BT_BLOCK_SLOTS (1u << BT_BLOCK_SHIFT)
 #define BT_MAX_BLOCKS (1u << 16)
 
+/* An id is `generation << 32 | tag << 26 | index` (docs/design.rst rule 1):
+ * the low word, a slot's `slot` field, names the core (tag, 1..63, never 0,
+ * so no id is 0) and the slot's place in the directory. */
+#define BT_INDEX_BITS 26u
+#define BT_INDEX_MASK ((1u << BT_INDEX_BITS) - 1u)
+#define BT_TAGS 63u
+
 /* The low 8 bits of a slot's state word hold its state; the high 32 its
  * generation.  Every transition is a CAS on the whole word, so a cancel with a
  * stale generation can never change a reused slot. */
@@ -57,7 +64,7 @@ struct bt_timer {
     _Atomic(bt_port *) port; /* NULL: native timer */
     bt_native_fn fn;        /* native timers */
     _Atomic(void *) arg;    /* native arg, or port payload */
-    uint32_t slot;          /* index in the directory */
+    uint32_t slot;          /* low word of its ids: core tag << 26 | index */
     uint32_t bucket;        /* home bucket: where the slot is freed to */
 };
 
@@ -132,6 +139,11 @@ struct bt_timer_thread {
     bt_options opt;
     struct bt__bucket *buckets;
     uint32_t nbuckets;
+
+    /* what makes its ids its own (core.c, "ids") */
+    uint32_t tag;      /* 1..63; distinct among up to 63 live cores */
+    int tag_owned;     /* 0: every tag was taken, this one is shared */
+    uint32_t gen0;     /* every slot's first generation, chosen at random */
 
     /* slot directory: entries published with release, read with acquire */
     _Atomic(struct bt_timer *) blocks[BT_MAX_BLOCKS];

@@ -2,7 +2,8 @@
  * pool.c -- the slot pool: versioned ids over blocks that are never freed
  * while the core lives (DESIGN.md rule 1).
  *
- * A slot index names a block (index >> BT_BLOCK_SHIFT) and a place in it.
+ * A slot index names a block (index >> BT_BLOCK_SHIFT) and a place in it;
+ * the core's tag above it (internal.h) makes the low word of an id.
  * Blocks are published in the directory with a release store and looked up
  * with an acquire load, so bt_cancel can resolve any id without a lock.  Free
  * slots sit on per-bucket free lists under the bucket mutex; growing the pool
@@ -28,7 +29,9 @@ void bt__pool_destroy(bt_timer_thread *tt) {
 }
 
 struct bt_timer *bt__slot(bt_timer_thread *tt, uint64_t id) {
-    uint32_t slot = (uint32_t)id;
+    uint32_t low = (uint32_t)id;
+    if (low >> BT_INDEX_BITS != tt->tag) return NULL; /* another core's, or none */
+    uint32_t slot = low & BT_INDEX_MASK;
     uint32_t b = slot >> BT_BLOCK_SHIFT;
     if (b >= BT_MAX_BLOCKS) return NULL;
     struct bt_timer *block = atomic_load_explicit(&tt->blocks[b], memory_order_acquire);
@@ -52,9 +55,8 @@ int bt__pool_grow(bt_timer_thread *tt, uint32_t b) {
     }
     for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
         struct bt_timer *t = &block[i];
-        /* Generation starts at 1 so that no valid id is ever 0. */
-        atomic_init(&t->word, BT_WORD(1, BT_S_FREE));
-        t->slot = (n << BT_BLOCK_SHIFT) | i;
+        atomic_init(&t->word, BT_WORD(tt->gen0, BT_S_FREE));
+        t->slot = tt->tag << BT_INDEX_BITS | n << BT_BLOCK_SHIFT | i;
         t->bucket = b;
         t->next = (i + 1 < BT_BLOCK_SLOTS) ? &block[i + 1] : NULL;
     }

@@ -10,9 +10,14 @@
  * to a bt_port (a lock-free MPSC stack + eventfd + "signalled" flag) whose
  * consumer (an event loop, a dispatcher thread, a test) runs it.
  *
- * Ids are `generation << 32 | slot`; 0 is never a valid id.  Slot memory is
- * never handed back to the allocator while the bt_timer_thread exists, so a
- * stale id is always safe to pass to bt_cancel: it answers BT_UNKNOWN.
+ * Ids are `generation << 32 | tag << 26 | slot index`; 0 is never a valid id.
+ * The tag (1..63) names the core: while at most 63 cores are alive at once
+ * their tags differ, and bt_cancel answers BT_UNKNOWN for another core's id.
+ * (Past 63 live cores tags are shared; each core starts its generations at a
+ * random value of its own, so another core's id cancels a timer only if its
+ * 32-bit generation happens to be that slot's.)  Slot memory is never handed
+ * back to the allocator while the bt_timer_thread exists, so a stale id is
+ * always safe to pass to bt_cancel: it answers BT_UNKNOWN.
  *
  * Time is CLOCK_MONOTONIC in nanoseconds (the clock of Python's
  * time.monotonic()).  Errors are negative errno values.

@@ -356,6 +356,51 @@ static void test_stop_drops_pending(void) {
     bt_destroy(tt);
 }
 
+/* An id names its core: a core answers BT_UNKNOWN for another core's ids and
+ * its own timers are untouched.  (Ids of an earlier core were
+ * `generation << 32 | slot` with every core's generations starting at 1, so
+ * the first timer of every thread on every core had the same id.)  Checked
+ * across 63 cores alive at once, each cancelling every other's first id, and
+ * with slots reused on both sides. */
+#define NCORES 63
+static void test_ids_carry_their_core(void) {
+    static bt_timer_thread *cores[NCORES];
+    static uint64_t first[NCORES];
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    static struct rec_arg args[NCORES];
+    for (int i = 0; i < NCORES; i++) {
+        cores[i] = manual_core();
+        args[i] = (struct rec_arg){&rec, 5000, 1, cores[i]};
+        CHECK(bt_schedule_native(cores[i], 5000, record, &args[i], &first[i]) == 0);
+    }
+    int same = 0, foreign_won = 0;
+    for (int i = 0; i < NCORES; i++)
+        for (int j = 0; j < NCORES; j++) {
+            if (i == j) continue;
+            if (first[i] == first[j]) same++;
+            if (bt_cancel(cores[i], first[j]) != BT_UNKNOWN) foreign_won++;
+        }
+    CHECK(same == 0);
+    CHECK(foreign_won == 0);
+    /* Every core still has its own timer, and it fires. */
+    for (int i = 0; i < NCORES; i++) CHECK(bt_advance(cores[i], 5000) == 1);
+    CHECK(atomic_load(&rec.n) == NCORES);
+    /* Slots reused: the second timer of each core takes the slot of its
+     * first; ids still differ across cores and foreign cancels still miss. */
+    uint64_t second[2];
+    for (int i = 0; i < 2; i++)
+        CHECK(bt_schedule_native(cores[i], 6000, record, &args[i], &second[i]) == 0);
+    CHECK(second[0] != second[1]);
+    CHECK(bt_cancel(cores[0], second[1]) == BT_UNKNOWN);
+    CHECK(bt_cancel(cores[1], second[0]) == BT_UNKNOWN);
+    CHECK(bt_cancel(cores[0], second[0]) == BT_CANCELLED);
+    CHECK(bt_cancel(cores[1], second[1]) == BT_CANCELLED);
+    printf("  ids of %d live cores: %d equal pairs, %d foreign cancels that did not answer "
+           "BT_UNKNOWN\n", NCORES, same / 2, foreign_won);
+    for (int i = 0; i < NCORES; i++) bt_destroy(cores[i]);
+}
+
 /* The consumer side of a port must never hold up the timer thread.  A
  * consumer stuck inside bt_port_ack's read() -- the port's fd is made
  * blocking here, which stands for a consumer descheduled in the middle of
@@ -425,6 +470,7 @@ int main(void) {
         {"wake_for_earlier", test_wake_for_earlier},
         {"stop_drops_pending", test_stop_drops_pending},
         {"consumer_stuck_in_ack_delays_no_timer", test_consumer_stuck_in_ack_delays_no_timer},
+        {"ids_carry_their_core", test_ids_carry_their_core},
     };
     int passed = 0;
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
