@@ -218,10 +218,11 @@ static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
         uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
         if (BT_WORD_STATE(w) == BT_S_CANCELLED) {
             *link = t->next;
-            bt__slot_retire(t);
-            t->next = bk->free;
-            bk->free = t;
-            bk->nfree++;
+            if (bt__slot_retire(tt, t)) {
+                t->next = bk->free;
+                bk->free = t;
+                bk->nfree++;
+            }
             removed++;
         } else {
             link = &t->next;
@@ -361,19 +362,24 @@ static inline int is_cancelled(struct bt_timer *t) {
 }
 
 /* Queues a cancelled slot to go back to its bucket's free list at the end of
- * the pass: one lock per bucket per pass, not one per slot. */
+ * the pass: one lock per bucket per pass, not one per slot.  (ctx: the core;
+ * a void * so that heap sweeps can call it.) */
 static void reap(struct bt_timer *t, void *ctx) {
-    struct reap_chain *chains = ctx;
-    struct reap_chain *c = &chains[t->bucket];
-    bt__slot_retire(t);
+    bt_timer_thread *tt = ctx;
+    if (!bt__slot_retire(tt, t)) { /* its generations are used up (rule 1) */
+        bt__bump(&tt->reaped, 1);
+        return;
+    }
+    struct reap_chain *c = &tt->chains[t->bucket];
     t->next = c->head;
     c->head = t;
     if (!c->tail) c->tail = t;
     c->n++;
 }
 
-/* The only place the reaped counter moves. */
-static uint64_t flush_reaped(bt_timer_thread *tt, struct reap_chain *chains) {
+/* Where the reaped counter moves (and in reap, for a retired slot). */
+static uint64_t flush_reaped(bt_timer_thread *tt) {
+    struct reap_chain *chains = tt->chains;
     uint64_t n = 0;
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         if (!chains[b].n) continue;
@@ -387,7 +393,7 @@ static uint64_t flush_reaped(bt_timer_thread *tt, struct reap_chain *chains) {
 }
 
 /* Moves every bucket list into the heap, reaping cancelled timers on the way. */
-static void collect(bt_timer_thread *tt, struct reap_chain *chains) {
+static void collect(bt_timer_thread *tt) {
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         struct bt__bucket *bk = &tt->buckets[b];
         pthread_mutex_lock(&bk->mutex);
@@ -412,7 +418,7 @@ static void collect(bt_timer_thread *tt, struct reap_chain *chains) {
         while (t) {
             struct bt_timer *next = t->next;
             if (is_cancelled(t)) {
-                reap(t, chains);
+                reap(t, tt);
             } else if (bt__heap_push(&tt->heap, t)) {
                 /* Out of memory: give the rest back to the bucket, and make
                  * sure the thread comes back for them. */
@@ -487,17 +493,17 @@ static void maybe_start_sweep(bt_timer_thread *tt) {
 
 /* Runs one slice of a sweep in progress, or (budget SIZE_MAX) all of it in
  * one exact O(n) compaction. */
-static void sweep_some(bt_timer_thread *tt, struct reap_chain *chains, size_t budget) {
+static void sweep_some(bt_timer_thread *tt, size_t budget) {
     if (tt->sweep_cursor == SIZE_MAX) return;
     int done = 1;
     if (budget == SIZE_MAX) {
-        bt__heap_sweep(&tt->heap, is_cancelled, reap, chains);
+        bt__heap_sweep(&tt->heap, is_cancelled, reap, tt);
     } else {
         size_t removed = 0;
-        done = bt__heap_sweep_step(&tt->heap, is_cancelled, reap, chains, &tt->sweep_cursor,
-                                   budget, &removed);
+        done = bt__heap_sweep_step(&tt->heap, is_cancelled, reap, tt, &tt->sweep_cursor, budget,
+                                   &removed);
     }
-    flush_reaped(tt, chains);
+    flush_reaped(tt);
     if (done) {
         tt->sweep_cursor = SIZE_MAX;
         tt->sweep_dead_base = dead_estimate(tt);
@@ -506,18 +512,18 @@ static void sweep_some(bt_timer_thread *tt, struct reap_chain *chains, size_t bu
     }
 }
 
-static void maybe_sweep(bt_timer_thread *tt, struct reap_chain *chains) {
+static void maybe_sweep(bt_timer_thread *tt) {
     maybe_start_sweep(tt);
-    sweep_some(tt, chains, SIZE_MAX);
+    sweep_some(tt, SIZE_MAX);
 }
 
 /* Takes every bucket list into the heap and gives the cancelled slots
  * back; then sweeps the heap at once (sweep_now: manual-clock mode, exact)
  * or starts a sliced sweep the thread runs between passes. */
 static void collect_lists(bt_timer_thread *tt, int sweep_now) {
-    collect(tt, tt->chains);
-    flush_reaped(tt, tt->chains);
-    if (sweep_now) maybe_sweep(tt, tt->chains);
+    collect(tt);
+    flush_reaped(tt);
+    if (sweep_now) maybe_sweep(tt);
     else maybe_start_sweep(tt);
 }
 
@@ -567,8 +573,7 @@ static void publish_posts(bt_timer_thread *tt, uint64_t *fired, uint64_t *posted
  * call: a million cancelled timers at the top would otherwise hold up, for
  * as long as their slots take to read, a new timer that the next collect
  * would put above them.  Sets *more when it stopped for that reason. */
-static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *chains,
-                         size_t dead_budget, int *more) {
+static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, int *more) {
     uint64_t fired = 0, posted = 0, total = 0;
     const struct bt__heap_entry *top;
     *more = 0;
@@ -581,7 +586,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
                 break;
             }
             bt__heap_pop(&tt->heap);
-            reap(t, chains);
+            reap(t, tt);
             continue;
         }
         if (top->deadline > now) break; /* rule 6: due means deadline <= now */
@@ -594,7 +599,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
                                                          BT_WORD(gen, BT_S_POSTED),
                                                          memory_order_acq_rel,
                                                          memory_order_acquire)) {
-                reap(t, chains);
+                reap(t, tt);
                 continue;
             }
             stage_post(tt, t);
@@ -606,7 +611,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
                                                          BT_WORD(gen, BT_S_RUNNING),
                                                          memory_order_acq_rel,
                                                          memory_order_acquire)) {
-                reap(t, chains);
+                reap(t, tt);
                 continue;
             }
             fired++;
@@ -618,8 +623,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
             publish_posts(tt, &fired, &posted);
             t->fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);
             bt__bump(&tt->ran_native, 1);
-            bt__slot_retire(t);
-            bt__pool_free_chain(tt, t->bucket, t, t, 1);
+            if (bt__slot_retire(tt, t)) bt__pool_free_chain(tt, t->bucket, t, t, 1);
         }
     }
     publish_posts(tt, &fired, &posted);
@@ -630,10 +634,9 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
 
 static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
                          int *more) {
-    struct reap_chain *chains = tt->chains;
     if (do_collect) collect_lists(tt, 1);
-    uint64_t fired = fire_due(tt, now, chains, dead_budget, more);
-    flush_reaped(tt, chains);
+    uint64_t fired = fire_due(tt, now, dead_budget, more);
+    flush_reaped(tt);
     bt__bump(&tt->passes, 1);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
     return fired;
@@ -695,7 +698,7 @@ static void *timer_thread_main(void *arg) {
         one_pass(tt, bt_now_ns(), 0, DEAD_POP_SLICE, &more_dead);
         int sweeping = 0;
         if (tt->sweep_cursor != SIZE_MAX) {
-            sweep_some(tt, tt->chains, SWEEP_SLICE);
+            sweep_some(tt, SWEEP_SLICE);
             sweeping = tt->sweep_cursor != SIZE_MAX;
             atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
         }
@@ -740,12 +743,11 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     if (tt->opt.manual_clock) {
         /* Exact: collect, drop dead tops, read the top. */
         pthread_mutex_lock(&tt->advance_mutex);
-        struct reap_chain *chains = tt->chains;
-        collect(tt, chains);
+        collect(tt);
         const struct bt__heap_entry *top;
         while ((top = bt__heap_top(&tt->heap)) && is_cancelled(top->timer))
-            reap(bt__heap_pop(&tt->heap), chains);
-        flush_reaped(tt, chains);
+            reap(bt__heap_pop(&tt->heap), tt);
+        flush_reaped(tt);
         if (top) next = top->deadline;
         atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
         pthread_mutex_unlock(&tt->advance_mutex);
@@ -868,6 +870,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     s->ran = LD(ran_native);
     s->early_fires = LD(early_native);
     for (int i = 0; i < 48; i++) s->lateness_hist[i] = LD(hist_native[i]);
+    s->slots_retired = LD(slots_retired);
 #undef LD
     s->dead = s->cancelled > s->reaped ? s->cancelled - s->reaped : 0;
     s->slots = (uint64_t)atomic_load(&tt->nblocks) * BT_BLOCK_SLOTS;

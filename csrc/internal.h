@@ -177,6 +177,7 @@ struct bt_timer_thread {
     _Atomic uint64_t hist_native[48];
     /* several writers */
     _Atomic uint64_t eventfd_writes;
+    _Atomic uint64_t slots_retired; /* generations used up (pool.c) */
     _Atomic uint64_t consumer_reaped;
 
     /* ports */
@@ -196,8 +197,10 @@ int bt__pool_grow(bt_timer_thread *tt, uint32_t b);
 /* Returns a chain of finished slots (linked by ->next) to bucket b. */
 void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
                          struct bt_timer *tail, uint32_t n);
-/* Marks a finished slot FREE with the next generation (owner only). */
-void bt__slot_retire(struct bt_timer *t);
+/* Marks a finished slot FREE with the next generation (owner only).
+ * Returns 1 if the slot goes back to a free list, 0 if its generations are
+ * used up and it must never be handed out again (pool.c). */
+int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t);
 
 /* heap.c */
 int bt__heap_push(struct bt__heap *h, struct bt_timer *t);

@@ -4,6 +4,12 @@
  *
  * A slot index names a block (index >> BT_BLOCK_SHIFT) and a place in it;
  * the core's tag above it (internal.h) makes the low word of an id.
+ *
+ * A slot's generation starts at the core's gen0 and goes up by one each time
+ * the slot is freed, wrapping at 2^32.  When it would come back to gen0 the
+ * slot is retired instead of freed: it is never handed out again, so no id of
+ * the core ever repeats (rule 1).  That costs one 64-byte slot per 2^32
+ * reuses of a slot.
  * Blocks are published in the directory with a release store and looked up
  * with an acquire load, so bt_cancel can resolve any id without a lock.  Free
  * slots sit on per-bucket free lists under the bucket mutex; growing the pool
@@ -79,12 +85,16 @@ void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
     pthread_mutex_unlock(&bk->mutex);
 }
 
-void bt__slot_retire(struct bt_timer *t) {
+int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t) {
     uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
-    uint32_t gen = BT_WORD_GEN(w) + 1;
-    if (gen == 0) gen = 1; /* wrapped: skip 0 so ids stay nonzero */
+    uint32_t gen = BT_WORD_GEN(w) + 1; /* wraps through 0: the tag keeps ids nonzero */
     /* port/fn/arg are left as they are: the next schedule overwrites them,
      * and a racing bt_drop_all may still read them (its CAS then fails). */
     /* Release: pairs with the acquire CAS of a later owner of the slot. */
     atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_FREE), memory_order_release);
+    if (__builtin_expect(gen != tt->gen0, 1)) return 1;
+    /* All 2^32 generations used: the slot stays FREE (a stale id of it
+     * answers BT_UNKNOWN) and is never handed out again. */
+    atomic_fetch_add_explicit(&tt->slots_retired, 1, memory_order_relaxed);
+    return 0;
 }

@@ -281,8 +281,7 @@ void bt_timer_release(bt_port *port, bt_timer *t) {
      * cancels minus reaped, and must not drift on other releases. */
     if (BT_WORD_STATE(w) == BT_S_CANCELLED)
         atomic_fetch_add_explicit(&port->tt->consumer_reaped, 1, memory_order_relaxed);
-    bt__slot_retire(t);
-    bt__pool_free_chain(port->tt, t->bucket, t, t, 1);
+    if (bt__slot_retire(port->tt, t)) bt__pool_free_chain(port->tt, t->bucket, t, t, 1);
 }
 
 size_t bt_port_drain_ids(bt_port *port, uint64_t *ids, size_t max) {

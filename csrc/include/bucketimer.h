@@ -94,6 +94,10 @@ typedef struct bt_stats {
      * counted in early_fires (the core asserts there are none). */
     uint64_t lateness_hist[48];
     uint64_t early_fires;
+    /* slots retired for good: their 32-bit generation came round again (one
+     * per 2^32 reuses of a slot).  Quiescent: slots_free + slots_retired ==
+     * slots. */
+    uint64_t slots_retired;
 } bt_stats;
 
 /* ---- clock -------------------------------------------------------------- */

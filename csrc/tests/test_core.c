@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bucketimer.h"
+#include "internal.h" /* white-box tests reach into a slot */
 
 #include "check.h"
 
@@ -401,6 +402,73 @@ static void test_ids_carry_their_core(void) {
     for (int i = 0; i < NCORES; i++) bt_destroy(cores[i]);
 }
 
+/* Ids never repeat while the core lives, not even after a slot's 32-bit
+ * generation has gone all the way round.  White-box: the slot of a finished
+ * timer is set to two generations before the one it started at, as if it had
+ * been reused 2^32 - 2 times, and then reused (the free list is LIFO, so the
+ * next timer of this thread takes it) until a timer lands elsewhere.  The
+ * first id must never be issued again, nor cancel a later timer.  The slot
+ * is given back by each of the three owners that finish a timer: the pass
+ * after a native callback, a port's consumer, the reaping of a cancelled
+ * timer.  (An earlier core wrapped the generation and reused the slot: its
+ * next id was the first one again, and the stale first id cancelled the new
+ * timer.) */
+enum finish { BY_NATIVE, BY_PORT, BY_CANCEL };
+
+static void finish_one(bt_timer_thread *tt, bt_port *p, enum finish how, int64_t at,
+                       struct rec_arg *a, uint64_t *id) {
+    uint64_t out[2];
+    if (how == BY_PORT) CHECK(bt_schedule_port(tt, at, p, NULL, id) == 0);
+    else CHECK(bt_schedule_native(tt, at, record, a, id) == 0);
+    if (how == BY_CANCEL) CHECK(bt_cancel(tt, *id) == BT_CANCELLED);
+    bt_advance(tt, at); /* fires it, or reaps it */
+    if (how == BY_PORT) CHECK(bt_port_drain_ids(p, out, 2) == 1);
+}
+
+static void generation_wrap(enum finish how) {
+    bt_timer_thread *tt = manual_core();
+    bt_port *p;
+    CHECK(bt_port_open(tt, 0, &p) == 0);
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    struct rec_arg a = {&rec, 0, 1, tt};
+    uint64_t first, id;
+    finish_one(tt, p, how, 2000, &a, &first);
+    struct bt_timer *t = bt__slot(tt, first);
+    CHECK(t != NULL);
+    uint32_t gen0 = (uint32_t)(first >> 32);
+    CHECK(BT_WORD_STATE(atomic_load(&t->word)) == BT_S_FREE);
+    atomic_store(&t->word, BT_WORD(gen0 - 2, BT_S_FREE));
+    int repeats = 0, stale_won = 0, same_slot = 0;
+    for (int64_t k = 1; k <= 4; k++) {
+        finish_one(tt, p, how, 2000 + k, &a, &id);
+        if (id == first) repeats++;
+        if ((uint32_t)id == (uint32_t)first) same_slot++;
+        if (bt_cancel(tt, first) != BT_UNKNOWN) stale_won++;
+    }
+    printf("  generation wrap (%s): the slot served %d more timers, %d repeated the first id, "
+           "the stale first id cancelled %d\n",
+           how == BY_NATIVE ? "native" : how == BY_PORT ? "port" : "cancelled", same_slot,
+           repeats, stale_won);
+    CHECK(repeats == 0);
+    CHECK(stale_won == 0);
+    CHECK(same_slot == 2); /* generations gen0 - 2 and gen0 - 1, then retired */
+    bt_stats s;
+    bt_get_stats(tt, &s);
+    CHECK(s.slots_retired == 1);
+    CHECK(s.slots_free + s.slots_retired == s.slots);
+    CHECK(s.dead == 0);
+    /* Retired: FREE with the generation it started at, on no free list. */
+    CHECK(atomic_load(&t->word) == BT_WORD(gen0, BT_S_FREE));
+    bt_destroy(tt);
+}
+
+static void test_generation_wrap_never_repeats_an_id(void) {
+    generation_wrap(BY_NATIVE);
+    generation_wrap(BY_PORT);
+    generation_wrap(BY_CANCEL);
+}
+
 /* The consumer side of a port must never hold up the timer thread.  A
  * consumer stuck inside bt_port_ack's read() -- the port's fd is made
  * blocking here, which stands for a consumer descheduled in the middle of
@@ -471,6 +539,7 @@ int main(void) {
         {"stop_drops_pending", test_stop_drops_pending},
         {"consumer_stuck_in_ack_delays_no_timer", test_consumer_stuck_in_ack_delays_no_timer},
         {"ids_carry_their_core", test_ids_carry_their_core},
+        {"generation_wrap_never_repeats_an_id", test_generation_wrap_never_repeats_an_id},
     };
     int passed = 0;
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
