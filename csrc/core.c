@@ -66,6 +66,11 @@ int bt__forked(const bt_timer_thread *tt) { return forked(tt); }
 static _Atomic uint32_t next_thread_index;
 static _Thread_local uint32_t thread_index_plus_one BT_TLS_IE;
 
+/* The core whose pass this thread is running (its timer thread, or a
+ * bt_advance), if any: what a native callback that stops or destroys its own
+ * core needs to know (see "stop, drop, destroy"). */
+static _Thread_local bt_timer_thread *pass_owner BT_TLS_IE;
+
 static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
     uint32_t i = thread_index_plus_one;
     if (__builtin_expect(i == 0, 0)) {
@@ -172,6 +177,7 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     pthread_mutex_init(&tt->wake_mutex, NULL);
     pthread_mutex_init(&tt->advance_mutex, NULL);
     pthread_mutex_init(&tt->ports_mutex, NULL);
+    pthread_mutex_init(&tt->stop_mutex, NULL);
     tt->nearest = BT_NEVER;
     tt->sweep_cursor = SIZE_MAX;
     atomic_init(&tt->manual_now, opt.manual_start_ns);
@@ -283,9 +289,11 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_nat
     int earlier = deadline < bk->nearest;
     if (earlier) bk->nearest = deadline;
     int drain = len >= tt->opt.drain_threshold && (len % tt->opt.drain_threshold) == 0;
+    /* Read before the unlock: after it, the slot may fire and be freed. */
+    uint64_t id = ((uint64_t)gen << 32) | t->slot;
     pthread_mutex_unlock(&bk->mutex);
 
-    *out_id = ((uint64_t)gen << 32) | t->slot;
+    *out_id = id;
 
     if (tt->opt.manual_clock) {
         if (drain) request_collect(tt);
@@ -624,6 +632,8 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
             t->fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);
             bt__bump(&tt->ran_native, 1);
             if (bt__slot_retire(tt, t)) bt__pool_free_chain(tt, t->bucket, t, t, 1);
+            /* A callback that stopped the core: nothing more runs. */
+            if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
         }
     }
     publish_posts(tt, &fired, &posted);
@@ -669,8 +679,11 @@ static void request_collect(bt_timer_thread *tt) {
  * So a burst of schedules far in the future costs one wake, not one per
  * pass. */
 
+static void destroy_now(bt_timer_thread *tt);
+
 static void *timer_thread_main(void *arg) {
     bt_timer_thread *tt = arg;
+    pass_owner = tt;
 #if defined(__linux__) && defined(PR_SET_TIMERSLACK)
     /* Linux lets a sleep run up to 50 us past its deadline by default, to
      * batch wakeups; that slack was most of a timer's lateness.  One
@@ -717,6 +730,11 @@ static void *timer_thread_main(void *arg) {
         if (next <= now) continue;
         bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
     }
+    if (tt->destroy_later) {
+        /* bt_destroy came from one of our callbacks: nobody will join us. */
+        pthread_detach(pthread_self());
+        destroy_now(tt);
+    }
     return NULL;
 }
 
@@ -732,8 +750,12 @@ int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
     if (now_ns > cur) atomic_store_explicit(&tt->manual_now, now_ns, memory_order_release);
     else now_ns = cur;
     int more;
+    bt_timer_thread *outer = pass_owner; /* a native callback of another core's pass */
+    pass_owner = tt;
     uint64_t fired = one_pass(tt, now_ns, 1, SIZE_MAX, &more);
+    pass_owner = outer;
     pthread_mutex_unlock(&tt->advance_mutex);
+    if (tt->destroy_later) destroy_now(tt); /* a callback asked for it */
     return (int64_t)fired;
 }
 
@@ -759,27 +781,45 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     return next;
 }
 
-/* ---- stop, drop, destroy (rule 11) ---------------------------------------- */
+/* ---- stop, drop, destroy (rule 11) ----------------------------------------
+ * bt_stop sets the flag, fences the buckets and joins the thread, one caller
+ * at a time under stop_mutex: every caller returns only once the thread is
+ * joined.  A native callback runs on the thread itself, which cannot join
+ * itself: bt_stop from there sets the flag, fences the buckets and returns;
+ * the pass stops after that callback, the thread leaves its loop, and the
+ * next bt_stop from any other thread (bt_destroy's included) joins it.
+ * bt_destroy from a native callback cannot free what the pass still uses:
+ * it stops the core and leaves the freeing to the thread (or to bt_advance)
+ * once the callback has returned. */
+
+/* A schedule in flight either saw the stop flag or has published its timer
+ * once we hold its bucket's lock. */
+static void fence_buckets(bt_timer_thread *tt) {
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        pthread_mutex_lock(&tt->buckets[b].mutex);
+        pthread_mutex_unlock(&tt->buckets[b].mutex);
+    }
+}
 
 int bt_stop(bt_timer_thread *tt) {
     if (!tt) return -EINVAL;
     if (forked(tt)) return 0;
     pthread_mutex_lock(&tt->wake_mutex);
-    int already = atomic_exchange(&tt->stop, 1);
+    atomic_store(&tt->stop, 1);
     atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
     pthread_mutex_unlock(&tt->wake_mutex);
-    if (already) return 0;
-    /* Fence every bucket: a schedule in flight either saw the flag or has
-     * published its timer once we hold its bucket's lock. */
-    for (uint32_t b = 0; b < tt->nbuckets; b++) {
-        pthread_mutex_lock(&tt->buckets[b].mutex);
-        pthread_mutex_unlock(&tt->buckets[b].mutex);
+    if (pass_owner == tt) { /* a native callback of this core */
+        fence_buckets(tt);
+        return 0;
     }
+    pthread_mutex_lock(&tt->stop_mutex);
+    fence_buckets(tt);
     if (tt->started) {
         bt__futex_wake(&tt->nsignals);
         pthread_join(tt->thread, NULL);
         tt->started = 0;
     }
+    pthread_mutex_unlock(&tt->stop_mutex);
     return 0;
 }
 
@@ -820,10 +860,8 @@ int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
     return dropped;
 }
 
-void bt_destroy(bt_timer_thread *tt) {
-    if (!tt) return;
-    if (forked(tt)) return; /* its locks may be held by threads that are gone */
-    bt_stop(tt);
+/* Frees everything; the thread, if any, is joined or is the caller. */
+static void destroy_now(bt_timer_thread *tt) {
     bt_port *p = tt->ports;
     while (p) {
         bt_port *next = p->all_next;
@@ -836,10 +874,22 @@ void bt_destroy(bt_timer_thread *tt) {
     pthread_mutex_destroy(&tt->wake_mutex);
     pthread_mutex_destroy(&tt->advance_mutex);
     pthread_mutex_destroy(&tt->ports_mutex);
+    pthread_mutex_destroy(&tt->stop_mutex);
     give_tag(tt);
     free(tt->chains);
     free(tt->buckets);
     free(tt);
+}
+
+void bt_destroy(bt_timer_thread *tt) {
+    if (!tt) return;
+    if (forked(tt)) return; /* its locks may be held by threads that are gone */
+    bt_stop(tt);
+    if (pass_owner == tt) { /* a native callback: the pass still uses tt */
+        tt->destroy_later = 1;
+        return;
+    }
+    destroy_now(tt);
 }
 
 /* ---- counters (rule 10) ------------------------------------------------- */

@@ -157,7 +157,10 @@ struct bt_timer_thread {
     int64_t nearest;              /* global nearest deadline, under wake_mutex */
     _Atomic uint32_t nsignals;    /* futex word; bumped under wake_mutex */
     _Atomic int stop;
-    int started;
+    /* bt_stop's join, one caller at a time (core.c, "stop, drop, destroy") */
+    pthread_mutex_t stop_mutex;
+    int started;         /* a thread exists and was not joined; stop_mutex */
+    int destroy_later;   /* bt_destroy came from a native callback */
     pthread_t thread;
     uint64_t fork_generation;
 

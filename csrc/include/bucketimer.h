@@ -113,8 +113,14 @@ void bt_options_init(bt_options *opt);
 /* Creates the core and (unless manual_clock) starts its thread. */
 int bt_create(const bt_options *opt, bt_timer_thread **out);
 /* Stops and joins the thread; pending timers are dropped, never run.  Later
- * schedules fail with -ESHUTDOWN.  Idempotent.  Ports keep working for what
- * was already posted. */
+ * schedules fail with -ESHUTDOWN.  Idempotent, and safe from several threads
+ * at once: every caller returns only after the thread is joined.  Ports keep
+ * working for what was already posted.
+ * From a native callback of this core (on its timer thread, or inside
+ * bt_advance) it cannot join: it marks the core stopped and returns 0 at
+ * once.  No timer runs after that callback returns (the rest of its pass is
+ * skipped; bt_drop_all finds what was due), and the thread, which exits, is
+ * joined by the next bt_stop from another thread or by bt_destroy. */
 int bt_stop(bt_timer_thread *tt);
 /* After bt_stop: every timer still PENDING or POSTED becomes CANCELLED and
  * on_drop(ctx, port, payload) is called for it (port is NULL and payload the
@@ -123,8 +129,11 @@ int bt_stop(bt_timer_thread *tt);
  * many were dropped, or -EBUSY if the core is not stopped. */
 typedef void (*bt_drop_fn)(void *ctx, bt_port *port, void *payload);
 int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx);
-/* Frees everything.  The caller guarantees nobody uses tt or its ports any
- * more, and has consumed or abandoned whatever its ports hold. */
+/* Stops the core (as bt_stop) and frees everything.  The caller guarantees
+ * nobody uses tt or its ports any more, and has consumed or abandoned
+ * whatever its ports hold.  From a native callback of this core it stops the
+ * core and returns; the timer thread (or bt_advance) frees the core once the
+ * callback has returned, and nobody may touch tt after the call. */
 void bt_destroy(bt_timer_thread *tt);
 /* Nonzero once bt_stop was called, or if tt was created before a fork()
  * in an ancestor process (its thread does not exist here). */

@@ -469,6 +469,141 @@ static void test_generation_wrap_never_repeats_an_id(void) {
     generation_wrap(BY_CANCEL);
 }
 
+/* ---- stop and destroy, concurrent and from a native callback ---------- */
+
+struct slow_cb {
+    _Atomic int started, done;
+};
+
+static void slow(void *arg, uint64_t id) {
+    (void)id;
+    struct slow_cb *c = arg;
+    atomic_store(&c->started, 1);
+    usleep(100000);
+    atomic_store(&c->done, 1);
+}
+
+static void *stop_core(void *arg) {
+    bt_stop(arg);
+    return NULL;
+}
+
+/* Two threads call bt_stop while a native callback runs: each returns only
+ * once the thread is joined (the callback is over), not only the first.  (An
+ * earlier core's second caller saw the flag already set and returned at once,
+ * before the bucket fence and the join: its bt_drop_all could miss a schedule
+ * in flight, and a bt_destroy after it freed memory the thread still used.) */
+static void test_second_concurrent_stop_waits_for_the_join(void) {
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    struct slow_cb c = {0, 0};
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, bt_now_ns(), slow, &c, &id) == 0);
+    while (!atomic_load(&c.started)) usleep(1000);
+    pthread_t first;
+    CHECK(pthread_create(&first, NULL, stop_core, tt) == 0);
+    while (!bt_is_stopped(tt)) usleep(100); /* the first bt_stop is under way */
+    CHECK(bt_stop(tt) == 0);
+    int done = atomic_load(&c.done);
+    printf("  second bt_stop returned %s the callback finished\n", done ? "after" : "BEFORE");
+    CHECK(done == 1);
+    pthread_join(first, NULL);
+    bt_destroy(tt);
+}
+
+struct stopper {
+    bt_timer_thread *tt;
+    int destroy;
+    _Atomic int rc, calls;
+    _Atomic int others_done; /* nobody else uses tt any more (bt_destroy's contract) */
+};
+
+static void stop_self(void *arg, uint64_t id) {
+    (void)id;
+    struct stopper *s = arg;
+    atomic_fetch_add(&s->calls, 1);
+    if (s->destroy) {
+        while (!atomic_load(&s->others_done)) usleep(100);
+        bt_destroy(s->tt);
+    } else {
+        atomic_store(&s->rc, bt_stop(s->tt));
+        uint64_t again;
+        /* Stopped: a schedule from the same callback is refused. */
+        if (bt_schedule_native(s->tt, 0, stop_self, s, &again) != -ESHUTDOWN)
+            atomic_fetch_add(&s->calls, 100);
+    }
+}
+
+static int thread_count(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "Threads: %d", &n) == 1) break;
+    if (f) fclose(f);
+    return n;
+}
+
+/* bt_stop from a native callback: the timer thread cannot join itself.  It
+ * marks the core stopped and returns 0 at once; no other timer runs after
+ * that callback (the rest of its pass is skipped, so a timer due at the same
+ * instant is left for bt_drop_all); a later bt_stop from another thread
+ * joins the thread.  (An earlier core called pthread_join on itself, ignored
+ * EDEADLK, and went on firing the rest of the pass.) */
+static void test_stop_from_a_native_callback(void) {
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    struct stopper st = {tt, 0, -1, 0, 1};
+    int64_t at = bt_now_ns() + 5 * MS;
+    struct rec_arg a = {&rec, at, 0, tt};
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, at, stop_self, &st, &id) == 0);
+    CHECK(bt_schedule_native(tt, at, record, &a, &id) == 0); /* same instant, after it */
+    while (!atomic_load(&st.calls)) usleep(1000);
+    usleep(20000);
+    CHECK(atomic_load(&st.rc) == 0);
+    CHECK(atomic_load(&st.calls) == 1);
+    CHECK(bt_is_stopped(tt));
+    size_t ran_after = atomic_load(&rec.n);
+    printf("  bt_stop from a native callback: %zu timer(s) ran after it on the timer thread\n",
+           ran_after);
+    CHECK(ran_after == 0);
+    CHECK(bt_drop_all(tt, NULL, NULL) == 1);
+    CHECK(bt_stop(tt) == 0); /* joins */
+    bt_destroy(tt);
+}
+
+/* bt_destroy from a native callback must not free what the pass still uses:
+ * the core is stopped, and the timer thread frees it once the callback has
+ * returned, then exits.  (An earlier core freed it there and then, and the
+ * pass went on in freed memory: ASan reports a heap-use-after-free.) */
+static void test_destroy_from_a_native_callback(void) {
+    int before = thread_count();
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    bt_port *p;
+    CHECK(bt_port_open(tt, 1, &p) == 0);
+    struct stopper st = {tt, 1, -1, 0, 0};
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    /* Scheduled well before they fall due: tt must not be used after. */
+    int64_t at = bt_now_ns() + 50 * MS;
+    struct rec_arg a = {&rec, at, 0, tt};
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, at + 1000 * MS, record, &a, &id) == 0);
+    CHECK(bt_schedule_port(tt, at, p, NULL, &id) == 0);
+    CHECK(bt_schedule_native(tt, at, stop_self, &st, &id) == 0);
+    CHECK(bt_schedule_native(tt, at, record, &a, &id) == 0);
+    atomic_store(&st.others_done, 1);
+    int64_t end = bt_now_ns() + 2000 * MS;
+    while (thread_count() > before && bt_now_ns() < end) usleep(1000);
+    CHECK(atomic_load(&st.calls) == 1);
+    CHECK(atomic_load(&rec.n) == 0);
+    CHECK(thread_count() == before); /* the timer thread freed the core and exited */
+}
+
 /* The consumer side of a port must never hold up the timer thread.  A
  * consumer stuck inside bt_port_ack's read() -- the port's fd is made
  * blocking here, which stands for a consumer descheduled in the middle of
@@ -540,6 +675,10 @@ int main(void) {
         {"consumer_stuck_in_ack_delays_no_timer", test_consumer_stuck_in_ack_delays_no_timer},
         {"ids_carry_their_core", test_ids_carry_their_core},
         {"generation_wrap_never_repeats_an_id", test_generation_wrap_never_repeats_an_id},
+        {"second_concurrent_stop_waits_for_the_join",
+         test_second_concurrent_stop_waits_for_the_join},
+        {"stop_from_a_native_callback", test_stop_from_a_native_callback},
+        {"destroy_from_a_native_callback", test_destroy_from_a_native_callback},
     };
     int passed = 0;
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
