@@ -400,56 +400,74 @@ static uint64_t flush_reaped(bt_timer_thread *tt) {
     return n;
 }
 
-/* Moves every bucket list into the heap, reaping cancelled timers on the way. */
+/* Out of memory for the heap: gives t and the rest of its list back to
+ * bucket b, and makes sure the thread comes back for them. */
+static void give_back(bt_timer_thread *tt, uint32_t b, struct bt_timer *t) {
+    struct bt__bucket *bk = &tt->buckets[b];
+    struct bt_timer *last = t;
+    uint32_t n = 1;
+    int64_t nearest = t->deadline;
+    while (last->next) {
+        last = last->next;
+        n++;
+        if (last->deadline < nearest) nearest = last->deadline;
+    }
+    pthread_mutex_lock(&bk->mutex);
+    last->next = bk->head;
+    bk->head = t;
+    bk->length += n;
+    if (nearest < bk->nearest) bk->nearest = nearest;
+    pthread_mutex_unlock(&bk->mutex);
+    pthread_mutex_lock(&tt->wake_mutex);
+    if (nearest < tt->nearest) tt->nearest = nearest;
+    pthread_mutex_unlock(&tt->wake_mutex);
+}
+
+/* Moves every bucket list into the heap, reaping cancelled timers on the way.
+ *
+ * Rule 7: the lists are taken under every bucket lock at once (in bucket
+ * order; nothing else holds two), so a collect is a snapshot.  If B's
+ * schedule happens after A's returned and B is in the snapshot, so is A: A's
+ * critical section came before B's, which came before the collect held B's
+ * bucket, and the collect held A's bucket at that moment too.  So A reaches
+ * the heap no later than B, and the heap's (deadline, seq) order fires A
+ * first when deadline(A) <= deadline(B).  Taking the lists one lock at a
+ * time could take B and leave A, scheduled in between into a bucket already
+ * passed, for the next pass.  The locks are held for the swaps only. */
 static void collect(bt_timer_thread *tt) {
+    struct bt_timer *lists[BT_MAX_BUCKETS];
+    size_t total = 0;
+    for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_lock(&tt->buckets[b].mutex);
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         struct bt__bucket *bk = &tt->buckets[b];
-        pthread_mutex_lock(&bk->mutex);
-        struct bt_timer *t = bk->head;
-        uint32_t len = bk->length;
+        lists[b] = bk->head;
+        total += bk->length;
         bk->head = NULL;
         bk->length = 0;
         bk->nearest = BT_NEVER;
         bk->prune_at = 2 * tt->opt.drain_threshold;
-        pthread_mutex_unlock(&bk->mutex);
-        /* Reserve heap room for the whole list outside the lock; if this
-         * fails, bt__heap_push below tries again and reports it. */
-        if (tt->heap.size + len > tt->heap.cap) {
-            size_t cap = tt->heap.cap ? tt->heap.cap : 1024;
-            while (cap < tt->heap.size + len) cap *= 2;
-            void *v = realloc(tt->heap.v, cap * sizeof(*tt->heap.v));
-            if (v) {
-                tt->heap.v = v;
-                tt->heap.cap = cap;
-            }
+    }
+    for (uint32_t b = tt->nbuckets; b-- > 0;) pthread_mutex_unlock(&tt->buckets[b].mutex);
+    /* Reserve heap room for everything outside the locks; if this fails,
+     * bt__heap_push below tries again and reports it. */
+    if (tt->heap.size + total > tt->heap.cap) {
+        size_t cap = tt->heap.cap ? tt->heap.cap : 1024;
+        while (cap < tt->heap.size + total) cap *= 2;
+        void *v = realloc(tt->heap.v, cap * sizeof(*tt->heap.v));
+        if (v) {
+            tt->heap.v = v;
+            tt->heap.cap = cap;
         }
-        while (t) {
-            struct bt_timer *next = t->next;
+    }
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        for (struct bt_timer *t = lists[b], *next; t; t = next) {
+            next = t->next;
             if (is_cancelled(t)) {
                 reap(t, tt);
             } else if (bt__heap_push(&tt->heap, t)) {
-                /* Out of memory: give the rest back to the bucket, and make
-                 * sure the thread comes back for them. */
-                struct bt_timer *last = t;
-                uint32_t n = 1;
-                int64_t nearest = t->deadline;
-                while (last->next) {
-                    last = last->next;
-                    n++;
-                    if (last->deadline < nearest) nearest = last->deadline;
-                }
-                pthread_mutex_lock(&bk->mutex);
-                last->next = bk->head;
-                bk->head = t;
-                bk->length += n;
-                if (nearest < bk->nearest) bk->nearest = nearest;
-                pthread_mutex_unlock(&bk->mutex);
-                pthread_mutex_lock(&tt->wake_mutex);
-                if (nearest < tt->nearest) tt->nearest = nearest;
-                pthread_mutex_unlock(&tt->wake_mutex);
+                give_back(tt, b, t);
                 break;
             }
-            t = next;
         }
     }
 }
@@ -576,6 +594,35 @@ static void publish_posts(bt_timer_thread *tt, uint64_t *fired, uint64_t *posted
     flush_posts(tt);
 }
 
+/* Under wake_mutex: whether the bucket lists must be collected at `now`
+ * (one of their deadlines is due, or a list asked for it); if so the request
+ * is taken. */
+static int collect_requested(bt_timer_thread *tt, int64_t now) {
+    if (tt->nearest == INT64_MIN) bt__bump(&tt->drains, 1);
+    if (tt->nearest > now) return 0;
+    tt->nearest = BT_NEVER;
+    return 1;
+}
+
+/* brpc's pull_again.  A schedule that lowers the lists' nearest deadline
+ * bumps nsignals; if that happened since the pass collected and the new
+ * deadline is due at the pass's `now`, the caller collects the lists again,
+ * so a timer due now does not wait behind the rest of a long batch (rule 7).
+ * Looked at every PULL_EVERY fires and after every native callback: a
+ * relaxed load, and wake_mutex only when the counter moved.  (Manual-clock
+ * schedules never bump it: bt_advance collects once per call.) */
+#define PULL_EVERY 64
+
+static int pull_again(bt_timer_thread *tt, int64_t now) {
+    uint32_t n = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+    if (n == tt->signals_seen) return 0;
+    tt->signals_seen = n;
+    pthread_mutex_lock(&tt->wake_mutex);
+    int do_collect = collect_requested(tt, now);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    return do_collect;
+}
+
 /* Pops and fires every timer due at `now`, dropping cancelled entries that
  * reach the top on the way.  At most dead_budget of those are dropped per
  * call: a million cancelled timers at the top would otherwise hold up, for
@@ -583,6 +630,7 @@ static void publish_posts(bt_timer_thread *tt, uint64_t *fired, uint64_t *posted
  * would put above them.  Sets *more when it stopped for that reason. */
 static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, int *more) {
     uint64_t fired = 0, posted = 0, total = 0;
+    unsigned since_look = 0;
     const struct bt__heap_entry *top;
     *more = 0;
     while ((top = bt__heap_top(&tt->heap)) != NULL) {
@@ -614,6 +662,17 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
             posted++;
             fired++;
             total++;
+            if (++since_look == PULL_EVERY) {
+                since_look = 0;
+                /* Only timers due at the pass's start can join it, so only
+                 * schedulers with deadlines in the past keep it going: post
+                 * what is staged before taking more, and let bt_stop end it. */
+                if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
+                if (pull_again(tt, now)) {
+                    publish_posts(tt, &fired, &posted);
+                    collect_lists(tt, 0);
+                }
+            }
         } else {
             if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
                                                          BT_WORD(gen, BT_S_RUNNING),
@@ -634,6 +693,8 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
             if (bt__slot_retire(tt, t)) bt__pool_free_chain(tt, t->bucket, t, t, 1);
             /* A callback that stopped the core: nothing more runs. */
             if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
+            since_look = 0;
+            if (pull_again(tt, now)) collect_lists(tt, 0);
         }
     }
     publish_posts(tt, &fired, &posted);
@@ -698,9 +759,8 @@ static void *timer_thread_main(void *arg) {
             pthread_mutex_unlock(&tt->wake_mutex);
             break;
         }
-        do_collect = tt->nearest <= now;
-        if (tt->nearest == INT64_MIN) bt__bump(&tt->drains, 1);
-        if (do_collect) tt->nearest = BT_NEVER;
+        do_collect = collect_requested(tt, now);
+        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
         pthread_mutex_unlock(&tt->wake_mutex);
 
         /* Re-read the clock after collecting: never fire on a stale now. */

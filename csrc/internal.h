@@ -175,6 +175,7 @@ struct bt_timer_thread {
     size_t sweep_cursor;     /* SIZE_MAX: no sweep in progress */
     uint64_t sweep_dead_base; /* dead entries a finished sweep could not find */
     struct bt_port *pass_ports;
+    uint32_t signals_seen;   /* nsignals when the pass last collected */
     _Atomic uint64_t fired, posted, ran_native, passes, drains, sweeps, reaped;
     _Atomic uint64_t heap_size, early_native;
     _Atomic uint64_t hist_native[48];
