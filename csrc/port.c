@@ -72,6 +72,7 @@ static int open_fds(bt_port *p) {
 
 int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     if (!tt || !out) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD; /* ports_mutex may be held by a thread that is gone */
     bt_port *p = calloc(1, sizeof(*p));
     if (!p) return -ENOMEM;
     p->tt = tt;
@@ -276,6 +277,7 @@ int32_t bt_timer_take(bt_port *port, bt_timer *t) {
 }
 
 void bt_timer_release(bt_port *port, bt_timer *t) {
+    if (bt__forked(port->tt)) return; /* the slot is the parent's; its bucket lock may be held */
     uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
     /* Only a cancelled timer counts as reaped: the dead-entry estimate is
      * cancels minus reaped, and must not drift on other releases. */

@@ -102,3 +102,124 @@ def test_an_id_from_one_core_cancels_nothing_on_another():
     finally:
         lib.bt_destroy(a)
         lib.bt_destroy(b)
+
+
+FORK_WHILE_LOCKS_ARE_HELD = r"""
+import asyncio, errno, os, signal, sys, threading, time, traceback
+import bucketimer
+from bucketimer._cffi import ffi, lib
+
+stop = threading.Event()
+counts = {"stats": 0, "cffi_stats": 0, "loops": 0}
+
+tt = bucketimer.TimerThread()
+
+# A core driven through cffi (whose calls release the GIL), with many ports:
+# bt_get_stats walks them under the core's ports mutex, so a fork lands
+# while another thread holds it most of the time.
+out = ffi.new("bt_timer_thread **")
+assert lib.bt_create(ffi.NULL, out) == 0
+core = out[0]
+pp = ffi.new("bt_port **")
+for _ in range(4000):
+    assert lib.bt_port_open(core, 0, pp) == 0
+
+def hammer_stats():
+    while not stop.is_set():
+        tt.stats()
+        counts["stats"] += 1
+
+def hammer_cffi_stats():
+    s = ffi.new("bt_stats *")
+    while not stop.is_set():
+        lib.bt_get_stats(core, s)
+        counts["cffi_stats"] += 1
+
+def hammer_loops():
+    # Each new loop goes through TimerThread._port_for, under its lock.
+    while not stop.is_set():
+        loop = asyncio.new_event_loop()
+        tt.call_later(0, lambda: None, loop=loop)
+        loop.close()
+        counts["loops"] += 1
+
+def child():
+    signal.alarm(10)  # a hang in the child ends it with SIGALRM
+    try:
+        # The inherited cffi core refuses a port without touching its locks.
+        p = ffi.new("bt_port **")
+        rc = lib.bt_port_open(core, 1, p)
+        assert rc == -errno.ECHILD, rc
+        s = ffi.new("bt_stats *")
+        lib.bt_get_stats(core, s)
+        assert s.ports == 0
+        # The inherited TimerThread: stats, refusal, close -- none may block.
+        assert tt.stats()["scheduled"] == 0
+        try:
+            tt.call_later(0, print)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("an inherited TimerThread accepted a timer")
+        tt.close()
+        # A fresh TimerThread, the default one, and a loop all work here.
+        fresh = bucketimer.TimerThread()
+        ev = threading.Event()
+        fresh.call_later(0.001, ev.set)
+        assert ev.wait(5), "a fresh TimerThread's timer did not fire"
+        async def main():
+            fut = asyncio.get_running_loop().create_future()
+            bucketimer.call_later(0.001, fut.set_result, 7)
+            return await asyncio.wait_for(fut, 5)
+        assert asyncio.run(main()) == 7
+        fresh.close()
+        return 0
+    except BaseException:
+        traceback.print_exc()
+        return 4
+
+results = []
+def forker():
+    time.sleep(0.05)
+    for _ in range(30):
+        pid = os.fork()
+        if pid == 0:
+            code = child()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        results.append(os.waitstatus_to_exitcode(status))
+        time.sleep(0.003)
+
+threads = [threading.Thread(target=f) for f in (hammer_stats, hammer_cffi_stats, hammer_loops)]
+for t in threads:
+    t.start()
+f = threading.Thread(target=forker)
+f.start()
+f.join(150)
+stop.set()
+for t in threads:
+    t.join(10)
+assert not f.is_alive(), "fork loop hung"
+hung = sum(1 for r in results if r == -signal.SIGALRM)
+print("children:", len(results), "hung:", hung, "failed:", sum(1 for r in results if r not in (0, -signal.SIGALRM)), counts)
+assert results == [0] * 30, results
+tt.close()
+lib.bt_stop(core)
+lib.bt_destroy(core)
+print("ok")
+"""
+
+
+def test_fork_while_other_threads_hold_the_cores_locks():
+    """A fork from one thread while others call ``stats()`` (which holds the
+    core's ports mutex with the GIL released), walk a cffi core's ports and
+    open loops on a TimerThread (under its lock).  In the child, nothing of
+    the parent's may block: its cores refuse ports and timers without
+    touching their locks, ``close()`` returns, and a fresh TimerThread, the
+    default one and an event loop work."""
+    p = run_python(FORK_WHILE_LOCKS_ARE_HELD, timeout=170,
+                   env={"PYTHONWARNINGS": "ignore::DeprecationWarning"})
+    out = check_ok(p)
+    assert out.rstrip().endswith("ok"), out

@@ -160,7 +160,9 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
 /* ---- ports -------------------------------------------------------------- */
 
 /* Opens a port.  with_fd: create an eventfd (pipe where eventfd is missing)
- * that becomes readable when timers are posted. */
+ * that becomes readable when timers are posted.  -ECHILD for a core created
+ * before a fork() in an ancestor process (like every call on such a core,
+ * it touches none of its locks). */
 int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out);
 /* The fd to poll for readability, or -1. */
 int32_t bt_port_fd(bt_port *port);

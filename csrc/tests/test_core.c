@@ -11,7 +11,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -604,6 +606,76 @@ static void test_destroy_from_a_native_callback(void) {
     CHECK(thread_count() == before); /* the timer thread freed the core and exited */
 }
 
+/* After fork() a child has none of the parent's threads, so a lock one of
+ * them held at the fork stays held.  Every call on a core inherited that way
+ * must refuse without touching a lock.  White-box: the parent holds the
+ * core's ports, wake, stop and bucket mutexes across the fork (as other
+ * threads might: stats() holds the ports mutex with the GIL released); the
+ * child calls everything, under an alarm.  (An earlier core's bt_port_open
+ * took the ports mutex in the child and hung.) */
+static void test_fork_child_touches_no_lock_of_an_inherited_core(void) {
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    bt_port *p;
+    CHECK(bt_port_open(tt, 1, &p) == 0);
+    uint64_t id;
+    CHECK(bt_schedule_port(tt, bt_now_ns(), p, NULL, &id) == 0);
+    bt_stats s;
+    int64_t end = bt_now_ns() + 2000 * MS;
+    do {
+        usleep(1000);
+        bt_get_stats(tt, &s);
+    } while (s.posted < 1 && bt_now_ns() < end);
+    bt_timer *popped = NULL;
+    bt_port_ack(p);
+    popped = bt_port_pop(p); /* a consumer holds it across the fork */
+    CHECK(popped != NULL);
+    pthread_mutex_lock(&tt->ports_mutex);
+    pthread_mutex_lock(&tt->wake_mutex);
+    pthread_mutex_lock(&tt->stop_mutex);
+    for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_lock(&tt->buckets[b].mutex);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(5); /* a hang ends the child with SIGALRM */
+        bt_port *q;
+        int bad = 0;
+        bad |= bt_port_open(tt, 1, &q) != -ECHILD;
+        bad |= bt_schedule_native(tt, 0, record, NULL, &id) != -ECHILD;
+        bad |= bt_schedule_port(tt, 0, p, NULL, &id) != -ECHILD;
+        bad |= bt_cancel(tt, id) != BT_UNKNOWN;
+        bad |= bt_next_deadline(tt) != INT64_MAX;
+        bad |= !bt_is_stopped(tt);
+        bt_get_stats(tt, &s);
+        bad |= s.ports != 0;
+        bad |= bt_port_detach(p) != -ECHILD;
+        bt_port_ack(p);
+        bt_port_signal(p);
+        bad |= bt_port_pop(p) != NULL;
+        uint64_t ids[4];
+        bad |= bt_port_drain_ids(p, ids, 4) != 0;
+        bt_timer_release(p, popped);
+        bad |= bt_stop(tt) != 0;
+        bad |= bt_drop_all(tt, NULL, NULL) != 0;
+        bt_destroy(tt);
+        _exit(bad ? 3 : 0);
+    }
+    for (uint32_t b = tt->nbuckets; b-- > 0;) pthread_mutex_unlock(&tt->buckets[b].mutex);
+    pthread_mutex_unlock(&tt->stop_mutex);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    pthread_mutex_unlock(&tt->ports_mutex);
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    int hung = WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+    printf("  child of a fork with the core's locks held: %s\n",
+           hung ? "HUNG" : WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "ok" : "wrong answers");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (popped) {
+        CHECK(bt_timer_claim(p, popped) == 1);
+        bt_timer_release(p, popped);
+    }
+    bt_destroy(tt);
+}
+
 /* The consumer side of a port must never hold up the timer thread.  A
  * consumer stuck inside bt_port_ack's read() -- the port's fd is made
  * blocking here, which stands for a consumer descheduled in the middle of
@@ -679,6 +751,8 @@ int main(void) {
          test_second_concurrent_stop_waits_for_the_join},
         {"stop_from_a_native_callback", test_stop_from_a_native_callback},
         {"destroy_from_a_native_callback", test_destroy_from_a_native_callback},
+        {"fork_child_touches_no_lock_of_an_inherited_core",
+         test_fork_child_touches_no_lock_of_an_inherited_core},
     };
     int passed = 0;
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {

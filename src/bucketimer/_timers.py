@@ -170,12 +170,15 @@ class TimerThread(_core.TimerThread):
         self._close(join_timeout=1.0)
 
     def _close(self, join_timeout: float) -> None:
+        if os.getpid() != self._pid:
+            # A copy inherited through fork(): another thread of the parent
+            # may have held _lock at the fork, and nobody would release it.
+            self._closing = True
+            return
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-        if os.getpid() != self._pid:  # a copy inherited through fork()
-            return
         self._close_core()
         for loop in list(self._ports):
             if loop.is_closed() or asyncio.events._get_running_loop() is loop or not loop.is_running():
