@@ -223,3 +223,25 @@ def test_fork_while_other_threads_hold_the_cores_locks():
                    env={"PYTHONWARNINGS": "ignore::DeprecationWarning"})
     out = check_ok(p)
     assert out.rstrip().endswith("ok"), out
+
+
+def test_refused_close_of_a_running_loop_keeps_its_timers():
+    """``loop.close()`` on a running loop raises (asyncio refuses it) and must
+    leave the loop's timers alone: the loop goes on running and so do they."""
+    tt = bucketimer.TimerThread()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        tt.call_later(0.02, fut.set_result, "ran")
+        with pytest.raises(RuntimeError, match="running"):
+            loop.close()
+        later = loop.create_future()
+        tt.call_later(0.02, later.set_result, "also ran")
+        return await asyncio.wait_for(asyncio.gather(fut, later), 2)
+
+    try:
+        assert asyncio.run(main()) == ["ran", "also ran"]
+        assert tt.stats()["early_fires"] == 0
+    finally:
+        tt.close()

@@ -116,7 +116,9 @@ class TimerThread(_core.TimerThread):
             # In a child of fork() the port's eventfd and the loop's epoll
             # set are shared with the parent: detaching here would unregister
             # the parent's reader and eat its pending signal.  Leave them be.
-            if tt is not None and tt._pid == os.getpid():
+            # A running loop refuses to close (orig_close raises): it keeps
+            # its port and its timers.
+            if tt is not None and tt._pid == os.getpid() and not loop.is_running():
                 tt._detach_loop(loop)
             orig_close()
 
