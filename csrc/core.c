@@ -1,7 +1,7 @@
 /*
  * core.c -- scheduling, cancelling, the timer thread's pass, lifecycle and
- * counters.  DESIGN.md section 3 names the rules; comments below say where
- * each one is kept.
+ * counters.  docs/design.rst ("The rules, and what each costs") names the
+ * rules; comments below say where each one is kept.
  */
 #define _GNU_SOURCE
 #include <errno.h>

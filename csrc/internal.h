@@ -152,7 +152,7 @@ struct bt_timer_thread {
 
     _Atomic uint64_t seq;
 
-    /* the wake protocol (DESIGN.md rule 4) */
+    /* the wake protocol (docs/design.rst rule 4) */
     pthread_mutex_t wake_mutex;
     int64_t nearest;              /* global nearest deadline, under wake_mutex */
     _Atomic uint32_t nsignals;    /* futex word; bumped under wake_mutex */

@@ -1,6 +1,6 @@
 /*
  * pool.c -- the slot pool: versioned ids over blocks that are never freed
- * while the core lives (DESIGN.md rule 1).
+ * while the core lives (docs/design.rst rule 1).
  *
  * A slot index names a block (index >> BT_BLOCK_SHIFT) and a place in it;
  * the core's tag above it (internal.h) makes the low word of an id.
