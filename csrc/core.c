@@ -988,6 +988,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     s->ports = tt->nports;
     for (bt_port *p = tt->ports; p; p = p->all_next) {
         s->ran += atomic_load_explicit(&p->ran, memory_order_relaxed);
+        s->dropped += atomic_load_explicit(&p->dropped, memory_order_relaxed);
         s->early_fires += atomic_load_explicit(&p->early, memory_order_relaxed);
         for (int i = 0; i < 48; i++)
             s->lateness_hist[i] += atomic_load_explicit(&p->hist[i], memory_order_relaxed);

@@ -119,6 +119,7 @@ struct bt_port {
     struct bt_timer *batch;
     /* consumer counters: single writer, relaxed */
     _Atomic uint64_t ran;
+    _Atomic uint64_t dropped; /* taken without running (bt_timer_take) */
     _Atomic uint64_t early;
     _Atomic uint64_t hist[48];
     /* timer-thread side: batch being built during a pass */

@@ -264,16 +264,16 @@ int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
 }
 
 int32_t bt_timer_take(bt_port *port, bt_timer *t) {
-    (void)port;
     uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
     uint32_t gen = BT_WORD_GEN(w);
     uint64_t expected = BT_WORD(gen, BT_S_POSTED);
-    return atomic_compare_exchange_strong_explicit(&t->word, &expected,
-                                                   BT_WORD(gen, BT_S_RUNNING),
-                                                   memory_order_acq_rel,
-                                                   memory_order_acquire)
-               ? 1
-               : 0;
+    if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
+                                                 BT_WORD(gen, BT_S_RUNNING),
+                                                 memory_order_acq_rel,
+                                                 memory_order_acquire))
+        return 0;
+    bt__bump(&port->dropped, 1);
+    return 1;
 }
 
 void bt_timer_release(bt_port *port, bt_timer *t) {

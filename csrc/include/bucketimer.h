@@ -98,6 +98,11 @@ typedef struct bt_stats {
      * per 2^32 reuses of a slot).  Quiescent: slots_free + slots_retired ==
      * slots. */
     uint64_t slots_retired;
+    /* posted timers a consumer took without running them (bt_timer_take:
+     * their loop closed).  Every scheduled timer ends up counted once in
+     * ran, cancelled (bt_drop_all's included) or dropped: quiescent,
+     * scheduled == ran + cancelled + dropped. */
+    uint64_t dropped;
 } bt_stats;
 
 /* ---- clock -------------------------------------------------------------- */
@@ -194,9 +199,9 @@ int64_t bt_timer_deadline(bt_timer *t);
 /* POSTED -> RUNNING, right before the caller runs it.  1: the caller must run
  * it (its lateness is recorded now); 0: it was cancelled. */
 int32_t bt_timer_claim(bt_port *port, bt_timer *t);
-/* POSTED -> RUNNING without counting a run: a consumer that releases a
- * timer without running it (its loop closed) takes ownership this way.
- * 1: taken; 0: it was cancelled. */
+/* POSTED -> RUNNING without counting a run (it counts in dropped): a
+ * consumer that releases a timer without running it (its loop closed) takes
+ * ownership this way.  1: taken; 0: it was cancelled. */
 int32_t bt_timer_take(bt_port *port, bt_timer *t);
 /* Returns a popped timer's slot to the pool (RUNNING -> DONE if claimed).
  * The id becomes stale. */

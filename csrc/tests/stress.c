@@ -1252,6 +1252,7 @@ static void scenario_detach_vs_post(void) {
         bt_stats s;
         bt_get_stats(G.tt, &s);
         CHECK(s.fired == N && s.slots_free == s.slots);
+        CHECK(s.scheduled == s.ran + s.cancelled + s.dropped && s.dropped == a + b + left);
         check_records(recs, N, &t);
         from_port += a;
         from_orphans += b;

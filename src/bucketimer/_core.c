@@ -971,13 +971,13 @@ static PyObject *TimerThread_stats(TimerThreadObject *self, PyObject *Py_UNUSED(
     if (!hist) return NULL;
     for (int i = 0; i < 48; i++) PyList_SET_ITEM(hist, i, PyLong_FromUnsignedLongLong(s.lateness_hist[i]));
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsIsK}", "scheduled", s.scheduled, "cancelled",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsIsKsK}", "scheduled", s.scheduled, "cancelled",
         s.cancelled, "fired", s.fired, "posted", s.posted, "ran", s.ran, "wakeups", s.wakeups,
         "passes", s.passes, "eventfd_writes", s.eventfd_writes, "drains", s.drains, "sweeps",
         s.sweeps, "reaped", s.reaped, "heap_size", s.heap_size, "list_size", s.list_size, "dead",
         s.dead, "slots", s.slots, "slots_free", s.slots_free, "ports", s.ports, "early_fires",
         s.early_fires, "lateness_hist", hist, "buckets", (unsigned int)0, "slots_retired",
-        s.slots_retired);
+        s.slots_retired, "dropped", s.dropped);
 }
 
 static PyMethodDef TimerThread_methods[] = {
