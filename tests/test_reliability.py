@@ -9,6 +9,7 @@ Each test here reproduces a way the core once broke a promise of
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 
@@ -245,5 +246,36 @@ def test_refused_close_of_a_running_loop_keeps_its_timers():
     try:
         assert asyncio.run(main()) == ["ran", "also ran"]
         assert tt.stats()["early_fires"] == 0
+    finally:
+        tt.close()
+
+
+def test_loop_whose_close_misses_the_hook_is_found_and_released():
+    """A loop's thread looks up ``loop.close`` while another thread schedules
+    the loop's first timer (which installs bucketimer's close hook), then
+    calls the close it looked up: the hook does not run.  The TimerThread
+    must find the closed loop (its dispatcher audits its loops about once a
+    second), release the loop's timers unrun and close its eventfd, and
+    refuse timers for it from then on -- not keep them forever."""
+    tt = bucketimer.TimerThread()
+    try:
+        tt.call_later(0, _noop)  # the dispatcher exists
+        loop = asyncio.new_event_loop()
+        close = loop.close  # the loop's thread, about to close it
+        h = tt.call_later(0.01, _noop, loop=loop)  # another thread's first timer
+        fd = tt._ports[loop].fileno()
+        close()  # without bucketimer's hook
+        # Until the audit, the fast path may still take a timer for it.
+        h2 = tt.call_later(0, _noop, loop=loop)
+        assert wait_until(lambda: loop not in tt._ports, timeout=5), "closed loop never found"
+        with pytest.raises(RuntimeError):
+            tt.call_later(0, _noop, loop=loop)
+        time.sleep(0.05)  # every timer is due: posted to the orphans, or released
+        assert wait_until(lambda: _settled(tt), timeout=5), tt.stats()
+        assert h.cancel() is False and h2.cancel() is False
+        s = tt.stats()
+        assert s["scheduled"] == s["ran"] + s["cancelled"] + s["dropped"], s
+        with pytest.raises(OSError):
+            os.fstat(fd)  # the port's eventfd is closed
     finally:
         tt.close()
