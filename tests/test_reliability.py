@@ -279,3 +279,68 @@ def test_loop_whose_close_misses_the_hook_is_found_and_released():
             os.fstat(fd)  # the port's eventfd is closed
     finally:
         tt.close()
+
+
+def test_first_timer_for_a_loop_from_another_thread_while_it_starts_and_closes():
+    """One thread opens, briefly runs and closes loop after loop; another
+    schedules each loop's first timers from outside it, with ``loop=``,
+    while the loop starts, runs, stops or closes.  Each schedule returns a
+    handle or raises RuntimeError (loop closed); asyncio's selector must
+    never be touched from the wrong thread (which raised KeyError or
+    OSError from inside ``_port_for``); every timer ends counted; no fd is
+    left behind."""
+    import threading
+
+    tt = bucketimer.TimerThread()
+    tt.call_later(0, _noop)
+    wait_until(lambda: tt.stats()["ran"] == 1)
+    current: list = [None]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    ran = [0]
+
+    def count() -> None:
+        ran[0] += 1
+
+    def loops() -> None:
+        rng = random.Random(5)
+        while not stop.is_set():
+            loop = asyncio.new_event_loop()
+            current[0] = loop
+            time.sleep(rng.uniform(0, 0.0005))  # not running yet
+            loop.run_until_complete(asyncio.sleep(rng.uniform(0, 0.002)))
+            current[0] = None
+            loop.close()
+
+    def scheduler() -> None:
+        handles = 0
+        while not stop.is_set():
+            loop = current[0]
+            if loop is None:
+                continue
+            try:
+                tt.call_later(0, count, loop=loop)
+                handles += 1
+            except RuntimeError:
+                pass  # closed under us: allowed
+            except BaseException as e:  # anything else is a bug
+                errors.append(e)
+                return
+
+    before = len(os.listdir("/proc/self/fd"))
+    threads = [threading.Thread(target=loops), threading.Thread(target=scheduler)]
+    for t in threads:
+        t.start()
+    time.sleep(4.0)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    try:
+        assert not errors, repr(errors[0])
+        assert wait_until(lambda: _settled(tt) and not tt._ports, timeout=5), tt.stats()
+        s = tt.stats()
+        assert s["scheduled"] == s["ran"] + s["cancelled"] + s["dropped"], s
+        assert s["ran"] == ran[0] + 1
+        assert len(os.listdir("/proc/self/fd")) <= before
+    finally:
+        tt.close()

@@ -772,12 +772,14 @@ static int check_open(TimerThreadObject *self) {
     return 0;
 }
 
-/* Finds the port for `loop` (None: the dispatcher).  Borrowed reference. */
+/* Finds the port for `loop` (None: the dispatcher).  New reference: once
+ * the GIL is let go (an allocation can run a finalizer), another thread may
+ * detach the loop's port and drop every other reference to it. */
 static PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
 #ifndef Py_GIL_DISABLED
     if (loop == self->cached_loop && self->cached_port && bt_port_fd(self->cached_port->port) >= 0)
-        return self->cached_port;
-    if (loop == Py_None && self->dispatcher) return self->dispatcher;
+        return (PortObject *)Py_NewRef(self->cached_port);
+    if (loop == Py_None && self->dispatcher) return (PortObject *)Py_NewRef(self->dispatcher);
 #endif
     PyObject *p = PyObject_CallMethodOneArg((PyObject *)self, self->state->str_port_for, loop);
     if (!p) return NULL;
@@ -794,7 +796,6 @@ static PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
         Py_XSETREF(self->cached_port, (PortObject *)Py_NewRef(p));
     }
 #endif
-    Py_DECREF(p); /* the TimerThread's _ports dict keeps it alive */
     return (PortObject *)p;
 }
 
@@ -891,9 +892,12 @@ static PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double
     }
 
     HandleObject *h = handle_alloc(self->state->Handle_Type);
-    if (!h) return NULL;
+    if (!h) {
+        Py_DECREF(port);
+        return NULL;
+    }
     h->tt = (TimerThreadObject *)Py_NewRef(self);
-    h->port = (PortObject *)Py_NewRef(port);
+    h->port = port; /* port_for's reference */
     h->when = when;
     h->callback = Py_NewRef(cb);
     h->args = tuple_from_array(cbargs, ncbargs);
