@@ -112,9 +112,13 @@ class TimerThread(_core.TimerThread):
             try:
                 if fd < 0:  # the loop's close detached it meanwhile
                     raise RuntimeError("cannot schedule on a closed event loop")
-                if asyncio.events._get_running_loop() is loop or not loop.is_running():
+                if asyncio.events._get_running_loop() is loop:
                     loop.add_reader(fd, port.drain)
                 else:
+                    # Not from inside the loop: its selector is its own thread's
+                    # (asyncio is not thread-safe, even for a loop that is not
+                    # running now and may start or close meanwhile), so the
+                    # loop adds the reader itself, first thing when it runs.
                     loop.call_soon_threadsafe(_add_reader_if_open, loop, port)
             except RuntimeError:
                 self._detach_loop(loop)
