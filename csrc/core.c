@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
 #if defined(__linux__)
@@ -149,22 +150,24 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     if (opt.num_buckets > BT_MAX_BUCKETS) return -EINVAL;
     pthread_once(&atfork_once, install_atfork);
 
-    bt_timer_thread *tt = NULL;
-    if (posix_memalign((void **)&tt, 64, sizeof(*tt))) return -ENOMEM;
-    memset(tt, 0, sizeof(*tt));
+    /* The core is half a megabyte (the slot directory), mmapped like the
+     * slot blocks (pool.c says why not malloc); its pages come zeroed. */
+    bt_timer_thread *tt =
+        mmap(NULL, sizeof(*tt), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tt == MAP_FAILED) return -ENOMEM;
     tt->opt = opt;
     tt->nbuckets = opt.num_buckets;
     tt->fork_generation = atomic_load(&fork_generation);
     tt->gen0 = random_gen0(tt);
     if (posix_memalign((void **)&tt->buckets, 64, sizeof(struct bt__bucket) * tt->nbuckets)) {
-        free(tt);
+        munmap(tt, sizeof(*tt));
         return -ENOMEM;
     }
     memset(tt->buckets, 0, sizeof(struct bt__bucket) * tt->nbuckets);
     tt->chains = calloc(tt->nbuckets, sizeof(struct reap_chain));
     if (!tt->chains) {
         free(tt->buckets);
-        free(tt);
+        munmap(tt, sizeof(*tt));
         return -ENOMEM;
     }
     take_tag(tt);
@@ -938,7 +941,7 @@ static void destroy_now(bt_timer_thread *tt) {
     give_tag(tt);
     free(tt->chains);
     free(tt->buckets);
-    free(tt);
+    munmap(tt, sizeof(*tt));
 }
 
 void bt_destroy(bt_timer_thread *tt) {

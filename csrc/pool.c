@@ -10,17 +10,28 @@
  * slot is retired instead of freed: it is never handed out again, so no id of
  * the core ever repeats (rule 1).  That costs one 64-byte slot per 2^32
  * reuses of a slot.
+ *
  * Blocks are published in the directory with a release store and looked up
  * with an acquire load, so bt_cancel can resolve any id without a lock.  Free
  * slots sit on per-bucket free lists under the bucket mutex; growing the pool
- * (malloc) happens outside every bucket lock.
+ * (mmap) happens outside every bucket lock.
+ *
+ * Blocks come straight from mmap, 64 KiB each, and go back to the system
+ * whole when the core is destroyed.  From malloc they would land in its
+ * heaps once its dynamic mmap threshold has risen (it does, the first time
+ * a big heap array is freed), and a process that creates and destroys
+ * TimerThreads saw its RSS creep up with the fragments (the soak measured
+ * 5 MB a minute, with malloc's bytes in use flat).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "internal.h"
+
+#define BT_BLOCK_BYTES (sizeof(struct bt_timer) * BT_BLOCK_SLOTS)
 
 int bt__pool_init(bt_timer_thread *tt) {
     atomic_init(&tt->nblocks, 0);
@@ -30,7 +41,7 @@ int bt__pool_init(bt_timer_thread *tt) {
 
 void bt__pool_destroy(bt_timer_thread *tt) {
     uint32_t n = atomic_load(&tt->nblocks);
-    for (uint32_t i = 0; i < n; i++) free(atomic_load(&tt->blocks[i]));
+    for (uint32_t i = 0; i < n; i++) munmap(atomic_load(&tt->blocks[i]), BT_BLOCK_BYTES);
     pthread_mutex_destroy(&tt->pool_mutex);
 }
 
@@ -46,17 +57,17 @@ struct bt_timer *bt__slot(bt_timer_thread *tt, uint64_t id) {
 }
 
 int bt__pool_grow(bt_timer_thread *tt, uint32_t b) {
-    /* Allocate and initialise outside every lock. */
-    struct bt_timer *block = NULL;
-    if (posix_memalign((void **)&block, 64, sizeof(struct bt_timer) * BT_BLOCK_SLOTS))
-        return -ENOMEM;
-    memset(block, 0, sizeof(struct bt_timer) * BT_BLOCK_SLOTS);
+    /* Allocate and initialise outside every lock.  mmap's pages are zeroed
+     * and page-aligned (a slot is one cache line). */
+    struct bt_timer *block =
+        mmap(NULL, BT_BLOCK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == MAP_FAILED) return -ENOMEM;
 
     pthread_mutex_lock(&tt->pool_mutex);
     uint32_t n = atomic_load_explicit(&tt->nblocks, memory_order_relaxed);
     if (n >= BT_MAX_BLOCKS) {
         pthread_mutex_unlock(&tt->pool_mutex);
-        free(block);
+        munmap(block, BT_BLOCK_BYTES);
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
