@@ -142,6 +142,17 @@ def tsan(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def soak(session: nox.Session) -> None:
+    """tests/soak.py: the whole library under load for 150 s, then checks that
+    counters balance, every slot is free and RSS and fds are flat.
+
+    Longer: ``nox -s soak -- --minutes 30`` (or BUCKETIMER_SOAK_SECONDS).
+    """
+    session.install(".")
+    session.run("python", "tests/soak.py", *session.posargs)
+
+
+@nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """pytest-benchmark benchmarks (benchmarks/)."""
     session.install(".[bench,test]")

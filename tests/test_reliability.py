@@ -285,10 +285,11 @@ def test_first_timer_for_a_loop_from_another_thread_while_it_starts_and_closes()
     """One thread opens, briefly runs and closes loop after loop; another
     schedules each loop's first timers from outside it, with ``loop=``,
     while the loop starts, runs, stops or closes.  Each schedule returns a
-    handle or raises RuntimeError (loop closed); asyncio's selector must
-    never be touched from the wrong thread (which raised KeyError or
-    OSError from inside ``_port_for``); every timer ends counted; no fd is
-    left behind."""
+    handle or raises RuntimeError (loop closed): no Port may be freed under
+    a schedule (a borrowed reference once was: ``OSError: call_later failed:
+    Invalid argument``, and a heap-use-after-free under ASan), and asyncio's
+    selector is never touched from outside the loop's thread.  Every timer
+    ends counted; no fd is left behind."""
     import threading
 
     tt = bucketimer.TimerThread()
