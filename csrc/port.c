@@ -31,7 +31,7 @@
  *     timer thread sends what falls due later to the orphan port (core.c,
  *     flush_posts) -- nothing is left POSTED in a port nobody drains;
  *   - the timer thread takes no lock here at all: its post is one counted
- *     push (a CAS that fails only when a consumer's exchange intervened), one
+ *     push (a CAS that retries only when a consumer's exchange intervened), one
  *     flag exchange and at most one write() to a nonblocking fd.  Detach may
  *     wait for the timer thread (one post) or for a consumer's ack in
  *     progress; the timer thread never waits for anyone.
