@@ -164,6 +164,32 @@ def tsan(session: nox.Session) -> None:
     )
 
 
+@nox.session(python=False)
+def asan(session: nox.Session) -> None:
+    """The C tests under ASan+UBSan (leak checks on): where a use-after-free
+    on the timer thread shows (e.g. bt_destroy from a native callback)."""
+    _cmake_ctest(
+        session,
+        "build-asan",
+        "-DBUCKETIMER_SANITIZE=address",
+        env={
+            "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+        },
+    )
+
+
+@nox.session(python="3.11")
+def soak(session: nox.Session) -> None:
+    """tests/soak.py: the whole library under load for 150 s, then checks that
+    counters balance, every slot is free and RSS and fds are flat.
+
+    Longer: ``nox -s soak -- --minutes 30`` (or BUCKETIMER_SOAK_SECONDS).
+    """
+    session.install(".")
+    session.run("python", "tests/soak.py", *session.posargs)
+
+
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """pytest-benchmark benchmarks (benchmarks/)."""

@@ -1,13 +1,15 @@
 /*
  * core.c -- scheduling, cancelling, the timer thread's pass, lifecycle and
- * counters.  DESIGN.md section 3 names the rules; comments below say where
- * each one is kept.
+ * counters.  docs/design.rst ("The rules, and what each costs") names the
+ * rules; comments below say where each one is kept.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #if defined(__linux__)
 #include <sys/prctl.h>
@@ -65,6 +67,11 @@ int bt__forked(const bt_timer_thread *tt) { return forked(tt); }
 static _Atomic uint32_t next_thread_index;
 static _Thread_local uint32_t thread_index_plus_one BT_TLS_IE;
 
+/* The core whose pass this thread is running (its timer thread, or a
+ * bt_advance), if any: what a native callback that stops or destroys its own
+ * core needs to know (see "stop, drop, destroy"). */
+static _Thread_local bt_timer_thread *pass_owner BT_TLS_IE;
+
 static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
     uint32_t i = thread_index_plus_one;
     if (__builtin_expect(i == 0, 0)) {
@@ -73,6 +80,49 @@ static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
     }
     uint32_t k = i - 1;
     return k < tt->nbuckets ? k : k % tt->nbuckets; /* no division for the first threads */
+}
+
+/* ---- ids (rule 1) ----------------------------------------------------------
+ * An id is `generation << 32 | tag << 26 | index`.  The tag names the core:
+ * tags 1..63 are handed out round robin among the tags no live core holds,
+ * so up to 63 cores alive at once have distinct tags and bt_cancel answers
+ * BT_UNKNOWN for another live core's ids without looking at a slot.  A
+ * freed tag goes back to the end of the line.  Past 63 live cores tags are
+ * shared; every core then still starts its slots' generations at its own
+ * random gen0, so another core's id names a live timer only if both its
+ * index and its 32-bit generation happen to match. */
+
+static _Atomic uint64_t tags_in_use; /* bit t: tag t is some live core's own */
+static _Atomic uint32_t tag_cursor;
+
+static void take_tag(bt_timer_thread *tt) {
+    uint32_t start = atomic_fetch_add_explicit(&tag_cursor, 1, memory_order_relaxed);
+    for (uint32_t k = 0; k < BT_TAGS; k++) {
+        uint32_t tag = 1 + (start + k) % BT_TAGS;
+        uint64_t bit = 1ULL << tag;
+        if (!(atomic_fetch_or(&tags_in_use, bit) & bit)) {
+            tt->tag = tag;
+            tt->tag_owned = 1;
+            return;
+        }
+    }
+    tt->tag = 1 + start % BT_TAGS;
+    tt->tag_owned = 0;
+}
+
+static void give_tag(bt_timer_thread *tt) {
+    if (tt->tag_owned) atomic_fetch_and(&tags_in_use, ~(1ULL << tt->tag));
+}
+
+static uint32_t random_gen0(const bt_timer_thread *tt) {
+    uint32_t r;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r)) return r;
+    /* No entropy yet (early boot): a mix of the clock and the address. */
+    uint64_t x = (uint64_t)bt_now_ns() ^ ((uint64_t)(uintptr_t)tt << 16);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (uint32_t)x;
 }
 
 /* ---- options and creation ------------------------------------------------ */
@@ -100,23 +150,27 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     if (opt.num_buckets > BT_MAX_BUCKETS) return -EINVAL;
     pthread_once(&atfork_once, install_atfork);
 
-    bt_timer_thread *tt = NULL;
-    if (posix_memalign((void **)&tt, 64, sizeof(*tt))) return -ENOMEM;
-    memset(tt, 0, sizeof(*tt));
+    /* The core is half a megabyte (the slot directory), mmapped like the
+     * slot blocks (pool.c says why not malloc); its pages come zeroed. */
+    bt_timer_thread *tt =
+        mmap(NULL, sizeof(*tt), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tt == MAP_FAILED) return -ENOMEM;
     tt->opt = opt;
     tt->nbuckets = opt.num_buckets;
     tt->fork_generation = atomic_load(&fork_generation);
+    tt->gen0 = random_gen0(tt);
     if (posix_memalign((void **)&tt->buckets, 64, sizeof(struct bt__bucket) * tt->nbuckets)) {
-        free(tt);
+        munmap(tt, sizeof(*tt));
         return -ENOMEM;
     }
     memset(tt->buckets, 0, sizeof(struct bt__bucket) * tt->nbuckets);
     tt->chains = calloc(tt->nbuckets, sizeof(struct reap_chain));
     if (!tt->chains) {
         free(tt->buckets);
-        free(tt);
+        munmap(tt, sizeof(*tt));
         return -ENOMEM;
     }
+    take_tag(tt);
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         pthread_mutex_init(&tt->buckets[b].mutex, NULL);
         tt->buckets[b].nearest = BT_NEVER;
@@ -126,6 +180,7 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     pthread_mutex_init(&tt->wake_mutex, NULL);
     pthread_mutex_init(&tt->advance_mutex, NULL);
     pthread_mutex_init(&tt->ports_mutex, NULL);
+    pthread_mutex_init(&tt->stop_mutex, NULL);
     tt->nearest = BT_NEVER;
     tt->sweep_cursor = SIZE_MAX;
     atomic_init(&tt->manual_now, opt.manual_start_ns);
@@ -172,10 +227,11 @@ static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
         uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
         if (BT_WORD_STATE(w) == BT_S_CANCELLED) {
             *link = t->next;
-            bt__slot_retire(t);
-            t->next = bk->free;
-            bk->free = t;
-            bk->nfree++;
+            if (bt__slot_retire(tt, t)) {
+                t->next = bk->free;
+                bk->free = t;
+                bk->nfree++;
+            }
             removed++;
         } else {
             link = &t->next;
@@ -236,9 +292,11 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_nat
     int earlier = deadline < bk->nearest;
     if (earlier) bk->nearest = deadline;
     int drain = len >= tt->opt.drain_threshold && (len % tt->opt.drain_threshold) == 0;
+    /* Read before the unlock: after it, the slot may fire and be freed. */
+    uint64_t id = ((uint64_t)gen << 32) | t->slot;
     pthread_mutex_unlock(&bk->mutex);
 
-    *out_id = ((uint64_t)gen << 32) | t->slot;
+    *out_id = id;
 
     if (tt->opt.manual_clock) {
         if (drain) request_collect(tt);
@@ -315,19 +373,24 @@ static inline int is_cancelled(struct bt_timer *t) {
 }
 
 /* Queues a cancelled slot to go back to its bucket's free list at the end of
- * the pass: one lock per bucket per pass, not one per slot. */
+ * the pass: one lock per bucket per pass, not one per slot.  (ctx: the core;
+ * a void * so that heap sweeps can call it.) */
 static void reap(struct bt_timer *t, void *ctx) {
-    struct reap_chain *chains = ctx;
-    struct reap_chain *c = &chains[t->bucket];
-    bt__slot_retire(t);
+    bt_timer_thread *tt = ctx;
+    if (!bt__slot_retire(tt, t)) { /* its generations are used up (rule 1) */
+        bt__bump(&tt->reaped, 1);
+        return;
+    }
+    struct reap_chain *c = &tt->chains[t->bucket];
     t->next = c->head;
     c->head = t;
     if (!c->tail) c->tail = t;
     c->n++;
 }
 
-/* The only place the reaped counter moves. */
-static uint64_t flush_reaped(bt_timer_thread *tt, struct reap_chain *chains) {
+/* Where the reaped counter moves (and in reap, for a retired slot). */
+static uint64_t flush_reaped(bt_timer_thread *tt) {
+    struct reap_chain *chains = tt->chains;
     uint64_t n = 0;
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         if (!chains[b].n) continue;
@@ -340,56 +403,74 @@ static uint64_t flush_reaped(bt_timer_thread *tt, struct reap_chain *chains) {
     return n;
 }
 
-/* Moves every bucket list into the heap, reaping cancelled timers on the way. */
-static void collect(bt_timer_thread *tt, struct reap_chain *chains) {
+/* Out of memory for the heap: gives t and the rest of its list back to
+ * bucket b, and makes sure the thread comes back for them. */
+static void give_back(bt_timer_thread *tt, uint32_t b, struct bt_timer *t) {
+    struct bt__bucket *bk = &tt->buckets[b];
+    struct bt_timer *last = t;
+    uint32_t n = 1;
+    int64_t nearest = t->deadline;
+    while (last->next) {
+        last = last->next;
+        n++;
+        if (last->deadline < nearest) nearest = last->deadline;
+    }
+    pthread_mutex_lock(&bk->mutex);
+    last->next = bk->head;
+    bk->head = t;
+    bk->length += n;
+    if (nearest < bk->nearest) bk->nearest = nearest;
+    pthread_mutex_unlock(&bk->mutex);
+    pthread_mutex_lock(&tt->wake_mutex);
+    if (nearest < tt->nearest) tt->nearest = nearest;
+    pthread_mutex_unlock(&tt->wake_mutex);
+}
+
+/* Moves every bucket list into the heap, reaping cancelled timers on the way.
+ *
+ * Rule 7: the lists are taken under every bucket lock at once (in bucket
+ * order; nothing else holds two), so a collect is a snapshot.  If B's
+ * schedule happens after A's returned and B is in the snapshot, so is A: A's
+ * critical section came before B's, which came before the collect held B's
+ * bucket, and the collect held A's bucket at that moment too.  So A reaches
+ * the heap no later than B, and the heap's (deadline, seq) order fires A
+ * first when deadline(A) <= deadline(B).  Taking the lists one lock at a
+ * time could take B and leave A, scheduled in between into a bucket already
+ * passed, for the next pass.  The locks are held for the swaps only. */
+static void collect(bt_timer_thread *tt) {
+    struct bt_timer *lists[BT_MAX_BUCKETS];
+    size_t total = 0;
+    for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_lock(&tt->buckets[b].mutex);
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         struct bt__bucket *bk = &tt->buckets[b];
-        pthread_mutex_lock(&bk->mutex);
-        struct bt_timer *t = bk->head;
-        uint32_t len = bk->length;
+        lists[b] = bk->head;
+        total += bk->length;
         bk->head = NULL;
         bk->length = 0;
         bk->nearest = BT_NEVER;
         bk->prune_at = 2 * tt->opt.drain_threshold;
-        pthread_mutex_unlock(&bk->mutex);
-        /* Reserve heap room for the whole list outside the lock; if this
-         * fails, bt__heap_push below tries again and reports it. */
-        if (tt->heap.size + len > tt->heap.cap) {
-            size_t cap = tt->heap.cap ? tt->heap.cap : 1024;
-            while (cap < tt->heap.size + len) cap *= 2;
-            void *v = realloc(tt->heap.v, cap * sizeof(*tt->heap.v));
-            if (v) {
-                tt->heap.v = v;
-                tt->heap.cap = cap;
-            }
+    }
+    for (uint32_t b = tt->nbuckets; b-- > 0;) pthread_mutex_unlock(&tt->buckets[b].mutex);
+    /* Reserve heap room for everything outside the locks; if this fails,
+     * bt__heap_push below tries again and reports it. */
+    if (tt->heap.size + total > tt->heap.cap) {
+        size_t cap = tt->heap.cap ? tt->heap.cap : 1024;
+        while (cap < tt->heap.size + total) cap *= 2;
+        void *v = realloc(tt->heap.v, cap * sizeof(*tt->heap.v));
+        if (v) {
+            tt->heap.v = v;
+            tt->heap.cap = cap;
         }
-        while (t) {
-            struct bt_timer *next = t->next;
+    }
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        for (struct bt_timer *t = lists[b], *next; t; t = next) {
+            next = t->next;
             if (is_cancelled(t)) {
-                reap(t, chains);
+                reap(t, tt);
             } else if (bt__heap_push(&tt->heap, t)) {
-                /* Out of memory: give the rest back to the bucket, and make
-                 * sure the thread comes back for them. */
-                struct bt_timer *last = t;
-                uint32_t n = 1;
-                int64_t nearest = t->deadline;
-                while (last->next) {
-                    last = last->next;
-                    n++;
-                    if (last->deadline < nearest) nearest = last->deadline;
-                }
-                pthread_mutex_lock(&bk->mutex);
-                last->next = bk->head;
-                bk->head = t;
-                bk->length += n;
-                if (nearest < bk->nearest) bk->nearest = nearest;
-                pthread_mutex_unlock(&bk->mutex);
-                pthread_mutex_lock(&tt->wake_mutex);
-                if (nearest < tt->nearest) tt->nearest = nearest;
-                pthread_mutex_unlock(&tt->wake_mutex);
+                give_back(tt, b, t);
                 break;
             }
-            t = next;
         }
     }
 }
@@ -441,17 +522,17 @@ static void maybe_start_sweep(bt_timer_thread *tt) {
 
 /* Runs one slice of a sweep in progress, or (budget SIZE_MAX) all of it in
  * one exact O(n) compaction. */
-static void sweep_some(bt_timer_thread *tt, struct reap_chain *chains, size_t budget) {
+static void sweep_some(bt_timer_thread *tt, size_t budget) {
     if (tt->sweep_cursor == SIZE_MAX) return;
     int done = 1;
     if (budget == SIZE_MAX) {
-        bt__heap_sweep(&tt->heap, is_cancelled, reap, chains);
+        bt__heap_sweep(&tt->heap, is_cancelled, reap, tt);
     } else {
         size_t removed = 0;
-        done = bt__heap_sweep_step(&tt->heap, is_cancelled, reap, chains, &tt->sweep_cursor,
-                                   budget, &removed);
+        done = bt__heap_sweep_step(&tt->heap, is_cancelled, reap, tt, &tt->sweep_cursor, budget,
+                                   &removed);
     }
-    flush_reaped(tt, chains);
+    flush_reaped(tt);
     if (done) {
         tt->sweep_cursor = SIZE_MAX;
         tt->sweep_dead_base = dead_estimate(tt);
@@ -460,25 +541,24 @@ static void sweep_some(bt_timer_thread *tt, struct reap_chain *chains, size_t bu
     }
 }
 
-static void maybe_sweep(bt_timer_thread *tt, struct reap_chain *chains) {
+static void maybe_sweep(bt_timer_thread *tt) {
     maybe_start_sweep(tt);
-    sweep_some(tt, chains, SIZE_MAX);
+    sweep_some(tt, SIZE_MAX);
 }
 
 /* Takes every bucket list into the heap and gives the cancelled slots
  * back; then sweeps the heap at once (sweep_now: manual-clock mode, exact)
  * or starts a sliced sweep the thread runs between passes. */
 static void collect_lists(bt_timer_thread *tt, int sweep_now) {
-    collect(tt, tt->chains);
-    flush_reaped(tt, tt->chains);
-    if (sweep_now) maybe_sweep(tt, tt->chains);
+    collect(tt);
+    flush_reaped(tt);
+    if (sweep_now) maybe_sweep(tt);
     else maybe_start_sweep(tt);
 }
 
 /* Adds a fired timer to its port's batch for this pass. */
 static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
     bt_port *p = BT_LOAD(t->port);
-    if (atomic_load_explicit(&p->detached, memory_order_acquire)) p = tt->orphans;
     t->next = p->pass_head; /* newest first, as the port's stack wants */
     p->pass_head = t;
     if (!p->pass_tail) p->pass_tail = t;
@@ -490,17 +570,19 @@ static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
 }
 
 /* Hands each port its batch: one push and at most one fd write per port per
- * pass (rule 8). */
+ * pass (rule 8).  A port detached since gets nothing: its batch goes to the
+ * orphan port, whose consumer releases it (rule 11; port.c says why no
+ * timer can be left behind in a detached port). */
 static void flush_posts(bt_timer_thread *tt) {
     bt_port *p = tt->pass_ports;
     tt->pass_ports = NULL;
     while (p) {
         bt_port *next = p->pass_next;
-        bt__port_post_chain(p, p->pass_head, p->pass_tail);
+        if (!bt__port_post(p, p->pass_head, p->pass_tail))
+            bt__port_post(tt->orphans, p->pass_head, p->pass_tail);
         p->pass_head = p->pass_tail = NULL;
         p->pass_next = NULL;
         p->in_pass = 0;
-        bt__port_signal(p);
         p = next;
     }
 }
@@ -515,14 +597,43 @@ static void publish_posts(bt_timer_thread *tt, uint64_t *fired, uint64_t *posted
     flush_posts(tt);
 }
 
+/* Under wake_mutex: whether the bucket lists must be collected at `now`
+ * (one of their deadlines is due, or a list asked for it); if so the request
+ * is taken. */
+static int collect_requested(bt_timer_thread *tt, int64_t now) {
+    if (tt->nearest == INT64_MIN) bt__bump(&tt->drains, 1);
+    if (tt->nearest > now) return 0;
+    tt->nearest = BT_NEVER;
+    return 1;
+}
+
+/* brpc's pull_again.  A schedule that lowers the lists' nearest deadline
+ * bumps nsignals; if that happened since the pass collected and the new
+ * deadline is due at the pass's `now`, the caller collects the lists again,
+ * so a timer due now does not wait behind the rest of a long batch (rule 7).
+ * Looked at every PULL_EVERY fires and after every native callback: a
+ * relaxed load, and wake_mutex only when the counter moved.  (Manual-clock
+ * schedules never bump it: bt_advance collects once per call.) */
+#define PULL_EVERY 64
+
+static int pull_again(bt_timer_thread *tt, int64_t now) {
+    uint32_t n = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+    if (n == tt->signals_seen) return 0;
+    tt->signals_seen = n;
+    pthread_mutex_lock(&tt->wake_mutex);
+    int do_collect = collect_requested(tt, now);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    return do_collect;
+}
+
 /* Pops and fires every timer due at `now`, dropping cancelled entries that
  * reach the top on the way.  At most dead_budget of those are dropped per
  * call: a million cancelled timers at the top would otherwise hold up, for
  * as long as their slots take to read, a new timer that the next collect
  * would put above them.  Sets *more when it stopped for that reason. */
-static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *chains,
-                         size_t dead_budget, int *more) {
+static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, int *more) {
     uint64_t fired = 0, posted = 0, total = 0;
+    unsigned since_look = 0;
     const struct bt__heap_entry *top;
     *more = 0;
     while ((top = bt__heap_top(&tt->heap)) != NULL) {
@@ -534,7 +645,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
                 break;
             }
             bt__heap_pop(&tt->heap);
-            reap(t, chains);
+            reap(t, tt);
             continue;
         }
         if (top->deadline > now) break; /* rule 6: due means deadline <= now */
@@ -547,19 +658,30 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
                                                          BT_WORD(gen, BT_S_POSTED),
                                                          memory_order_acq_rel,
                                                          memory_order_acquire)) {
-                reap(t, chains);
+                reap(t, tt);
                 continue;
             }
             stage_post(tt, t);
             posted++;
             fired++;
             total++;
+            if (++since_look == PULL_EVERY) {
+                since_look = 0;
+                /* Only timers due at the pass's start can join it, so only
+                 * schedulers with deadlines in the past keep it going: post
+                 * what is staged before taking more, and let bt_stop end it. */
+                if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
+                if (pull_again(tt, now)) {
+                    publish_posts(tt, &fired, &posted);
+                    collect_lists(tt, 0);
+                }
+            }
         } else {
             if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
                                                          BT_WORD(gen, BT_S_RUNNING),
                                                          memory_order_acq_rel,
                                                          memory_order_acquire)) {
-                reap(t, chains);
+                reap(t, tt);
                 continue;
             }
             fired++;
@@ -571,8 +693,11 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
             publish_posts(tt, &fired, &posted);
             t->fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);
             bt__bump(&tt->ran_native, 1);
-            bt__slot_retire(t);
-            bt__pool_free_chain(tt, t->bucket, t, t, 1);
+            if (bt__slot_retire(tt, t)) bt__pool_free_chain(tt, t->bucket, t, t, 1);
+            /* A callback that stopped the core: nothing more runs. */
+            if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
+            since_look = 0;
+            if (pull_again(tt, now)) collect_lists(tt, 0);
         }
     }
     publish_posts(tt, &fired, &posted);
@@ -583,10 +708,9 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, struct reap_chain *ch
 
 static uint64_t one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
                          int *more) {
-    struct reap_chain *chains = tt->chains;
     if (do_collect) collect_lists(tt, 1);
-    uint64_t fired = fire_due(tt, now, chains, dead_budget, more);
-    flush_reaped(tt, chains);
+    uint64_t fired = fire_due(tt, now, dead_budget, more);
+    flush_reaped(tt);
     bt__bump(&tt->passes, 1);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
     return fired;
@@ -619,8 +743,11 @@ static void request_collect(bt_timer_thread *tt) {
  * So a burst of schedules far in the future costs one wake, not one per
  * pass. */
 
+static void destroy_now(bt_timer_thread *tt);
+
 static void *timer_thread_main(void *arg) {
     bt_timer_thread *tt = arg;
+    pass_owner = tt;
 #if defined(__linux__) && defined(PR_SET_TIMERSLACK)
     /* Linux lets a sleep run up to 50 us past its deadline by default, to
      * batch wakeups; that slack was most of a timer's lateness.  One
@@ -635,9 +762,8 @@ static void *timer_thread_main(void *arg) {
             pthread_mutex_unlock(&tt->wake_mutex);
             break;
         }
-        do_collect = tt->nearest <= now;
-        if (tt->nearest == INT64_MIN) bt__bump(&tt->drains, 1);
-        if (do_collect) tt->nearest = BT_NEVER;
+        do_collect = collect_requested(tt, now);
+        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
         pthread_mutex_unlock(&tt->wake_mutex);
 
         /* Re-read the clock after collecting: never fire on a stale now. */
@@ -648,7 +774,7 @@ static void *timer_thread_main(void *arg) {
         one_pass(tt, bt_now_ns(), 0, DEAD_POP_SLICE, &more_dead);
         int sweeping = 0;
         if (tt->sweep_cursor != SIZE_MAX) {
-            sweep_some(tt, tt->chains, SWEEP_SLICE);
+            sweep_some(tt, SWEEP_SLICE);
             sweeping = tt->sweep_cursor != SIZE_MAX;
             atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
         }
@@ -667,6 +793,11 @@ static void *timer_thread_main(void *arg) {
         if (next <= now) continue;
         bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
     }
+    if (tt->destroy_later) {
+        /* bt_destroy came from one of our callbacks: nobody will join us. */
+        pthread_detach(pthread_self());
+        destroy_now(tt);
+    }
     return NULL;
 }
 
@@ -682,8 +813,12 @@ int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
     if (now_ns > cur) atomic_store_explicit(&tt->manual_now, now_ns, memory_order_release);
     else now_ns = cur;
     int more;
+    bt_timer_thread *outer = pass_owner; /* a native callback of another core's pass */
+    pass_owner = tt;
     uint64_t fired = one_pass(tt, now_ns, 1, SIZE_MAX, &more);
+    pass_owner = outer;
     pthread_mutex_unlock(&tt->advance_mutex);
+    if (tt->destroy_later) destroy_now(tt); /* a callback asked for it */
     return (int64_t)fired;
 }
 
@@ -693,12 +828,11 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     if (tt->opt.manual_clock) {
         /* Exact: collect, drop dead tops, read the top. */
         pthread_mutex_lock(&tt->advance_mutex);
-        struct reap_chain *chains = tt->chains;
-        collect(tt, chains);
+        collect(tt);
         const struct bt__heap_entry *top;
         while ((top = bt__heap_top(&tt->heap)) && is_cancelled(top->timer))
-            reap(bt__heap_pop(&tt->heap), chains);
-        flush_reaped(tt, chains);
+            reap(bt__heap_pop(&tt->heap), tt);
+        flush_reaped(tt);
         if (top) next = top->deadline;
         atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
         pthread_mutex_unlock(&tt->advance_mutex);
@@ -710,27 +844,45 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     return next;
 }
 
-/* ---- stop, drop, destroy (rule 11) ---------------------------------------- */
+/* ---- stop, drop, destroy (rule 11) ----------------------------------------
+ * bt_stop sets the flag, fences the buckets and joins the thread, one caller
+ * at a time under stop_mutex: every caller returns only once the thread is
+ * joined.  A native callback runs on the thread itself, which cannot join
+ * itself: bt_stop from there sets the flag, fences the buckets and returns;
+ * the pass stops after that callback, the thread leaves its loop, and the
+ * next bt_stop from any other thread (bt_destroy's included) joins it.
+ * bt_destroy from a native callback cannot free what the pass still uses:
+ * it stops the core and leaves the freeing to the thread (or to bt_advance)
+ * once the callback has returned. */
+
+/* A schedule in flight either saw the stop flag or has published its timer
+ * once we hold its bucket's lock. */
+static void fence_buckets(bt_timer_thread *tt) {
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        pthread_mutex_lock(&tt->buckets[b].mutex);
+        pthread_mutex_unlock(&tt->buckets[b].mutex);
+    }
+}
 
 int bt_stop(bt_timer_thread *tt) {
     if (!tt) return -EINVAL;
     if (forked(tt)) return 0;
     pthread_mutex_lock(&tt->wake_mutex);
-    int already = atomic_exchange(&tt->stop, 1);
+    atomic_store(&tt->stop, 1);
     atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
     pthread_mutex_unlock(&tt->wake_mutex);
-    if (already) return 0;
-    /* Fence every bucket: a schedule in flight either saw the flag or has
-     * published its timer once we hold its bucket's lock. */
-    for (uint32_t b = 0; b < tt->nbuckets; b++) {
-        pthread_mutex_lock(&tt->buckets[b].mutex);
-        pthread_mutex_unlock(&tt->buckets[b].mutex);
+    if (pass_owner == tt) { /* a native callback of this core */
+        fence_buckets(tt);
+        return 0;
     }
+    pthread_mutex_lock(&tt->stop_mutex);
+    fence_buckets(tt);
     if (tt->started) {
         bt__futex_wake(&tt->nsignals);
         pthread_join(tt->thread, NULL);
         tt->started = 0;
     }
+    pthread_mutex_unlock(&tt->stop_mutex);
     return 0;
 }
 
@@ -771,10 +923,8 @@ int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
     return dropped;
 }
 
-void bt_destroy(bt_timer_thread *tt) {
-    if (!tt) return;
-    if (forked(tt)) return; /* its locks may be held by threads that are gone */
-    bt_stop(tt);
+/* Frees everything; the thread, if any, is joined or is the caller. */
+static void destroy_now(bt_timer_thread *tt) {
     bt_port *p = tt->ports;
     while (p) {
         bt_port *next = p->all_next;
@@ -787,9 +937,22 @@ void bt_destroy(bt_timer_thread *tt) {
     pthread_mutex_destroy(&tt->wake_mutex);
     pthread_mutex_destroy(&tt->advance_mutex);
     pthread_mutex_destroy(&tt->ports_mutex);
+    pthread_mutex_destroy(&tt->stop_mutex);
+    give_tag(tt);
     free(tt->chains);
     free(tt->buckets);
-    free(tt);
+    munmap(tt, sizeof(*tt));
+}
+
+void bt_destroy(bt_timer_thread *tt) {
+    if (!tt) return;
+    if (forked(tt)) return; /* its locks may be held by threads that are gone */
+    bt_stop(tt);
+    if (pass_owner == tt) { /* a native callback: the pass still uses tt */
+        tt->destroy_later = 1;
+        return;
+    }
+    destroy_now(tt);
 }
 
 /* ---- counters (rule 10) ------------------------------------------------- */
@@ -820,6 +983,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     s->ran = LD(ran_native);
     s->early_fires = LD(early_native);
     for (int i = 0; i < 48; i++) s->lateness_hist[i] = LD(hist_native[i]);
+    s->slots_retired = LD(slots_retired);
 #undef LD
     s->dead = s->cancelled > s->reaped ? s->cancelled - s->reaped : 0;
     s->slots = (uint64_t)atomic_load(&tt->nblocks) * BT_BLOCK_SLOTS;
@@ -827,6 +991,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     s->ports = tt->nports;
     for (bt_port *p = tt->ports; p; p = p->all_next) {
         s->ran += atomic_load_explicit(&p->ran, memory_order_relaxed);
+        s->dropped += atomic_load_explicit(&p->dropped, memory_order_relaxed);
         s->early_fires += atomic_load_explicit(&p->early, memory_order_relaxed);
         for (int i = 0; i < 48; i++)
             s->lateness_hist[i] += atomic_load_explicit(&p->hist[i], memory_order_relaxed);

@@ -2,7 +2,7 @@
  * futex.c -- the timer thread sleeps on its signal counter.  Waiting with the
  * value it read under the wake mutex means a wake that lands between reading
  * and sleeping makes the wait return at once: no wake is ever lost
- * (DESIGN.md rule 4).  Elsewhere a condition variable would do the same; only
+ * (docs/design.rst rule 4).  Elsewhere a condition variable would do the same; only
  * Linux is built and tested.
  */
 #define _GNU_SOURCE

@@ -1,6 +1,6 @@
 /*
  * heap.c -- the timer thread's private 4-ary min-heap, ordered by
- * (deadline, seq) so equal deadlines fire in schedule order (DESIGN.md
+ * (deadline, seq) so equal deadlines fire in schedule order (docs/design.rst
  * rule 7).  Only the timer thread (or the advancing thread in manual-clock
  * mode) touches it, so it has no lock.  A 4-ary heap halves the depth of a
  * binary one and keeps the four children of a node in one cache line pair,

@@ -29,6 +29,13 @@
 #define BT_BLOCK_SLOTS (1u << BT_BLOCK_SHIFT)
 #define BT_MAX_BLOCKS (1u << 16)
 
+/* An id is `generation << 32 | tag << 26 | index` (docs/design.rst rule 1):
+ * the low word, a slot's `slot` field, names the core (tag, 1..63, never 0,
+ * so no id is 0) and the slot's place in the directory. */
+#define BT_INDEX_BITS 26u
+#define BT_INDEX_MASK ((1u << BT_INDEX_BITS) - 1u)
+#define BT_TAGS 63u
+
 /* The low 8 bits of a slot's state word hold its state; the high 32 its
  * generation.  Every transition is a CAS on the whole word, so a cancel with a
  * stale generation can never change a reused slot. */
@@ -57,7 +64,7 @@ struct bt_timer {
     _Atomic(bt_port *) port; /* NULL: native timer */
     bt_native_fn fn;        /* native timers */
     _Atomic(void *) arg;    /* native arg, or port payload */
-    uint32_t slot;          /* index in the directory */
+    uint32_t slot;          /* low word of its ids: core tag << 26 | index */
     uint32_t bucket;        /* home bucket: where the slot is freed to */
 };
 
@@ -101,15 +108,18 @@ struct bt_port {
     /* producer side: a Treiber stack, pushed a whole batch at a time */
     _Atomic(struct bt_timer *) stack;
     _Atomic int signalled;
-    /* fd side: fd_mutex orders a signal write against detach's close */
-    pthread_mutex_t fd_mutex;
-    int fd;        /* eventfd, or the read end of a pipe; -1 if none */
-    int wfd;       /* write end (== fd for an eventfd) */
+    /* fd side, no lock (port.c): whoever pushes, writes or reads the fd
+     * counts itself in `users` and then checks `detached`; detach sets
+     * `detached`, waits for `users` to reach 0, and only then closes */
+    _Atomic int fd;   /* eventfd, or the read end of a pipe; -1 if none */
+    _Atomic int wfd;  /* write end (== fd for an eventfd) */
     _Atomic int detached;
+    _Atomic uint32_t users;
     /* consumer side, touched only by the consuming thread */
     struct bt_timer *batch;
     /* consumer counters: single writer, relaxed */
     _Atomic uint64_t ran;
+    _Atomic uint64_t dropped; /* taken without running (bt_timer_take) */
     _Atomic uint64_t early;
     _Atomic uint64_t hist[48];
     /* timer-thread side: batch being built during a pass */
@@ -131,6 +141,11 @@ struct bt_timer_thread {
     struct bt__bucket *buckets;
     uint32_t nbuckets;
 
+    /* what makes its ids its own (core.c, "ids") */
+    uint32_t tag;      /* 1..63; distinct among up to 63 live cores */
+    int tag_owned;     /* 0: every tag was taken, this one is shared */
+    uint32_t gen0;     /* every slot's first generation, chosen at random */
+
     /* slot directory: entries published with release, read with acquire */
     _Atomic(struct bt_timer *) blocks[BT_MAX_BLOCKS];
     pthread_mutex_t pool_mutex;  /* serialises directory growth */
@@ -138,12 +153,15 @@ struct bt_timer_thread {
 
     _Atomic uint64_t seq;
 
-    /* the wake protocol (DESIGN.md rule 4) */
+    /* the wake protocol (docs/design.rst rule 4) */
     pthread_mutex_t wake_mutex;
     int64_t nearest;              /* global nearest deadline, under wake_mutex */
     _Atomic uint32_t nsignals;    /* futex word; bumped under wake_mutex */
     _Atomic int stop;
-    int started;
+    /* bt_stop's join, one caller at a time (core.c, "stop, drop, destroy") */
+    pthread_mutex_t stop_mutex;
+    int started;         /* a thread exists and was not joined; stop_mutex */
+    int destroy_later;   /* bt_destroy came from a native callback */
     pthread_t thread;
     uint64_t fork_generation;
 
@@ -158,11 +176,13 @@ struct bt_timer_thread {
     size_t sweep_cursor;     /* SIZE_MAX: no sweep in progress */
     uint64_t sweep_dead_base; /* dead entries a finished sweep could not find */
     struct bt_port *pass_ports;
+    uint32_t signals_seen;   /* nsignals when the pass last collected */
     _Atomic uint64_t fired, posted, ran_native, passes, drains, sweeps, reaped;
     _Atomic uint64_t heap_size, early_native;
     _Atomic uint64_t hist_native[48];
     /* several writers */
     _Atomic uint64_t eventfd_writes;
+    _Atomic uint64_t slots_retired; /* generations used up (pool.c) */
     _Atomic uint64_t consumer_reaped;
 
     /* ports */
@@ -182,8 +202,10 @@ int bt__pool_grow(bt_timer_thread *tt, uint32_t b);
 /* Returns a chain of finished slots (linked by ->next) to bucket b. */
 void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
                          struct bt_timer *tail, uint32_t n);
-/* Marks a finished slot FREE with the next generation (owner only). */
-void bt__slot_retire(struct bt_timer *t);
+/* Marks a finished slot FREE with the next generation (owner only).
+ * Returns 1 if the slot goes back to a free list, 0 if its generations are
+ * used up and it must never be handed out again (pool.c). */
+int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t);
 
 /* heap.c */
 int bt__heap_push(struct bt__heap *h, struct bt_timer *t);
@@ -213,8 +235,10 @@ void bt__heap_free(struct bt__heap *h);
 int bt__forked(const bt_timer_thread *tt);
 
 /* port.c */
-void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
-int bt__port_signal(bt_port *port);  /* returns 1 if it wrote the fd */
+/* Pushes head..tail (newest first) onto the port and signals it; returns 0
+ * without touching the port if it is detached (the caller posts the chain to
+ * the orphan port instead), 1 otherwise. */
+int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
 void bt__port_free(bt_port *port);
 void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);
 

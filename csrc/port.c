@@ -3,8 +3,8 @@
  *
  * The producer (the timer thread, once per pass) pushes a whole batch of
  * timers onto a Treiber stack with one CAS, then signals the fd unless the
- * "signalled" flag says it already is (libuv's uv_async_send; DESIGN.md rule
- * 8).  The one consumer acks the signal first, then takes the whole stack
+ * "signalled" flag says it already is (libuv's uv_async_send; docs/design.rst
+ * rule 8).  The one consumer acks the signal first, then takes the whole stack
  * with an exchange and reverses it, which gives back fire order.  Taking the
  * whole stack means no ABA: nobody ever pops a single node from it.
  *
@@ -13,11 +13,35 @@
  * are seq_cst, so if the producer saw 1 (and skipped the write) its push came
  * before the consumer's store of 0, hence before its exchange of the stack:
  * the consumer takes that batch.  Otherwise the producer writes the fd.
+ *
+ * The fd, without a lock.  The timer thread must never wait for a consumer
+ * (a consumer can be descheduled anywhere, or stuck in a callback), so the
+ * fd has no mutex: whoever is about to push to the stack, write the fd
+ * (signal) or read it (ack) first counts itself in `users`, then reads
+ * `detached`, and does nothing if the port is detached.  bt_port_detach
+ * stores `detached`, then waits until `users` reads 0, and only then closes
+ * the fd.  All four accesses are seq_cst: in their single total order either
+ * a user's read of `detached` comes first, and then detach's read of `users`
+ * sees that user's increment and waits for its decrement (a release, after
+ * the push and the write or read), or detach's store comes first and the
+ * user sees it.  Hence:
+ *   - no read or write ever reaches a closed (or reused) fd number;
+ *   - when bt_port_detach returns, every push the port will ever get
+ *     happened before it, so a drain after detach takes them all, and the
+ *     timer thread sends what falls due later to the orphan port (core.c,
+ *     flush_posts) -- nothing is left POSTED in a port nobody drains;
+ *   - the timer thread takes no lock here at all: its post is one counted
+ *     push (a CAS that retries only when a consumer's exchange intervened), one
+ *     flag exchange and at most one write() to a nonblocking fd.  Detach may
+ *     wait for the timer thread (one post) or for a consumer's ack in
+ *     progress; the timer thread never waits for anyone.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -31,7 +55,8 @@ static int open_fds(bt_port *p) {
 #ifdef BT_HAVE_EVENTFD
     int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) return -errno;
-    p->fd = p->wfd = fd;
+    atomic_init(&p->fd, fd);
+    atomic_init(&p->wfd, fd);
 #else
     int fds[2];
     if (pipe(fds) < 0) return -errno;
@@ -39,29 +64,27 @@ static int open_fds(bt_port *p) {
         fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
         fcntl(fds[i], F_SETFD, FD_CLOEXEC);
     }
-    p->fd = fds[0];
-    p->wfd = fds[1];
+    atomic_init(&p->fd, fds[0]);
+    atomic_init(&p->wfd, fds[1]);
 #endif
     return 0;
 }
 
 int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     if (!tt || !out) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD; /* ports_mutex may be held by a thread that is gone */
     bt_port *p = calloc(1, sizeof(*p));
     if (!p) return -ENOMEM;
     p->tt = tt;
-    p->fd = p->wfd = -1;
+    atomic_init(&p->fd, -1);
+    atomic_init(&p->wfd, -1);
     atomic_init(&p->stack, NULL);
     atomic_init(&p->signalled, 0);
     atomic_init(&p->detached, 0);
-    if (pthread_mutex_init(&p->fd_mutex, NULL)) {
-        free(p);
-        return -ENOMEM;
-    }
+    atomic_init(&p->users, 0);
     if (with_fd) {
         int rc = open_fds(p);
         if (rc) {
-            pthread_mutex_destroy(&p->fd_mutex);
             free(p);
             return rc;
         }
@@ -75,23 +98,55 @@ int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     return 0;
 }
 
-int32_t bt_port_fd(bt_port *port) { return port ? port->fd : -1; }
+int32_t bt_port_fd(bt_port *port) {
+    return port ? atomic_load_explicit(&port->fd, memory_order_relaxed) : -1;
+}
+
+/* Counts the caller in the port's users; 0 (and not counted) if the port is
+ * detached.  See the header comment. */
+static int enter(bt_port *port) {
+    atomic_fetch_add(&port->users, 1);
+    if (!atomic_load(&port->detached)) return 1;
+    atomic_fetch_sub_explicit(&port->users, 1, memory_order_release);
+    return 0;
+}
+
+static void leave(bt_port *port) {
+    atomic_fetch_sub_explicit(&port->users, 1, memory_order_release);
+}
+
+static void close_fds(bt_port *port) {
+    int fd = atomic_exchange(&port->fd, -1);
+    int wfd = atomic_exchange(&port->wfd, -1);
+    if (fd >= 0) close(fd);
+    if (wfd >= 0 && wfd != fd) close(wfd);
+}
+
+/* Waits until *count reads 0: yields first, then sleeps in short steps. */
+static void wait_out(_Atomic uint32_t *count) {
+    for (unsigned i = 0; atomic_load(count) != 0; i++) {
+        if (i < 64) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
 
 int bt_port_detach(bt_port *port) {
     if (!port) return -EINVAL;
     if (bt__forked(port->tt)) return -ECHILD;
-    pthread_mutex_lock(&port->fd_mutex);
+    if (port == port->tt->orphans) return -EINVAL; /* where detached ports' timers go */
     atomic_store(&port->detached, 1);
-    if (port->fd >= 0) close(port->fd);
-    if (port->wfd >= 0 && port->wfd != port->fd) close(port->wfd);
-    port->fd = port->wfd = -1;
-    pthread_mutex_unlock(&port->fd_mutex);
+    wait_out(&port->users); /* see the header comment */
+    close_fds(port);
     return 0;
 }
 
 bt_port *bt_orphans(bt_timer_thread *tt) { return tt ? tt->orphans : NULL; }
 
-void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail) {
+static void push_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail) {
     /* head..tail is in reverse fire order (newest first), as a stack wants. */
     struct bt_timer *old = atomic_load_explicit(&port->stack, memory_order_relaxed);
     do {
@@ -101,46 +156,55 @@ void bt__port_post_chain(bt_port *port, struct bt_timer *head, struct bt_timer *
                                                     memory_order_relaxed));
 }
 
-int bt__port_signal(bt_port *port) {
+/* Writes the fd unless the flag says it is already signalled.  The caller
+ * is counted in the port's users. */
+static int write_signal(bt_port *port) {
     if (atomic_exchange(&port->signalled, 1)) return 0; /* already signalled */
-    int wrote = 0;
-    pthread_mutex_lock(&port->fd_mutex);
-    if (port->wfd >= 0) {
-        uint64_t one = 1;
-        ssize_t n;
-        do {
+    int wfd = atomic_load_explicit(&port->wfd, memory_order_relaxed);
+    if (wfd < 0) return 0;
+    ssize_t n;
+    do {
 #ifdef BT_HAVE_EVENTFD
-            n = write(port->wfd, &one, sizeof(one));
+        uint64_t one = 1;
+        n = write(wfd, &one, sizeof(one));
 #else
-            n = write(port->wfd, "x", 1);
+        n = write(wfd, "x", 1);
 #endif
-        } while (n < 0 && errno == EINTR);
-        wrote = 1;
-    }
-    pthread_mutex_unlock(&port->fd_mutex);
-    if (wrote) atomic_fetch_add_explicit(&port->tt->eventfd_writes, 1, memory_order_relaxed);
-    return wrote;
+    } while (n < 0 && errno == EINTR);
+    atomic_fetch_add_explicit(&port->tt->eventfd_writes, 1, memory_order_relaxed);
+    return 1;
+}
+
+int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail) {
+    if (!enter(port)) return 0;
+    push_chain(port, head, tail);
+    write_signal(port);
+    leave(port);
+    return 1;
 }
 
 void bt_port_signal(bt_port *port) {
-    if (!port || bt__forked(port->tt)) return;
+    if (!port || bt__forked(port->tt) || !enter(port)) return;
     atomic_store(&port->signalled, 0);
-    bt__port_signal(port);
+    write_signal(port);
+    leave(port);
 }
 
 void bt_port_ack(bt_port *port) {
     if (!port || bt__forked(port->tt)) return;
-    pthread_mutex_lock(&port->fd_mutex);
-    if (port->fd >= 0) {
-        char buf[64];
-        /* Nonblocking: drains an eventfd in one read, a pipe in a few. */
-        while (read(port->fd, buf, sizeof(buf)) > 0) {
+    if (enter(port)) {
+        int fd = atomic_load_explicit(&port->fd, memory_order_relaxed);
+        if (fd >= 0) {
+            char buf[64];
+            /* Nonblocking: drains an eventfd in one read, a pipe in a few. */
+            while (read(fd, buf, sizeof(buf)) > 0) {
 #ifdef BT_HAVE_EVENTFD
-            break;
+                break;
 #endif
+            }
         }
+        leave(port);
     }
-    pthread_mutex_unlock(&port->fd_mutex);
     atomic_store(&port->signalled, 0);
 }
 
@@ -200,26 +264,26 @@ int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
 }
 
 int32_t bt_timer_take(bt_port *port, bt_timer *t) {
-    (void)port;
     uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
     uint32_t gen = BT_WORD_GEN(w);
     uint64_t expected = BT_WORD(gen, BT_S_POSTED);
-    return atomic_compare_exchange_strong_explicit(&t->word, &expected,
-                                                   BT_WORD(gen, BT_S_RUNNING),
-                                                   memory_order_acq_rel,
-                                                   memory_order_acquire)
-               ? 1
-               : 0;
+    if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
+                                                 BT_WORD(gen, BT_S_RUNNING),
+                                                 memory_order_acq_rel,
+                                                 memory_order_acquire))
+        return 0;
+    bt__bump(&port->dropped, 1);
+    return 1;
 }
 
 void bt_timer_release(bt_port *port, bt_timer *t) {
+    if (bt__forked(port->tt)) return; /* the slot is the parent's; its bucket lock may be held */
     uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
     /* Only a cancelled timer counts as reaped: the dead-entry estimate is
      * cancels minus reaped, and must not drift on other releases. */
     if (BT_WORD_STATE(w) == BT_S_CANCELLED)
         atomic_fetch_add_explicit(&port->tt->consumer_reaped, 1, memory_order_relaxed);
-    bt__slot_retire(t);
-    bt__pool_free_chain(port->tt, t->bucket, t, t, 1);
+    if (bt__slot_retire(port->tt, t)) bt__pool_free_chain(port->tt, t->bucket, t, t, 1);
 }
 
 size_t bt_port_drain_ids(bt_port *port, uint64_t *ids, size_t max) {
@@ -237,8 +301,6 @@ size_t bt_port_drain_ids(bt_port *port, uint64_t *ids, size_t max) {
 }
 
 void bt__port_free(bt_port *port) {
-    if (port->fd >= 0) close(port->fd);
-    if (port->wfd >= 0 && port->wfd != port->fd) close(port->wfd);
-    pthread_mutex_destroy(&port->fd_mutex);
+    close_fds(port);
     free(port);
 }

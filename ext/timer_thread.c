@@ -164,12 +164,14 @@ int check_open(TimerThreadObject *self) {
     return 0;
 }
 
-/* Finds the port for `loop` (None: the dispatcher).  Borrowed reference. */
+/* Finds the port for `loop` (None: the dispatcher).  New reference: once
+ * the GIL is let go (an allocation can run a finalizer), another thread may
+ * detach the loop's port and drop every other reference to it. */
 PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
 #ifndef Py_GIL_DISABLED
     if (loop == self->cached_loop && self->cached_port && bt_port_fd(self->cached_port->port) >= 0)
-        return self->cached_port;
-    if (loop == Py_None && self->dispatcher) return self->dispatcher;
+        return (PortObject *)Py_NewRef(self->cached_port);
+    if (loop == Py_None && self->dispatcher) return (PortObject *)Py_NewRef(self->dispatcher);
 #endif
     PyObject *p = PyObject_CallMethodOneArg((PyObject *)self, self->state->str_port_for, loop);
     if (!p) return NULL;
@@ -186,7 +188,6 @@ PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
         Py_XSETREF(self->cached_port, (PortObject *)Py_NewRef(p));
     }
 #endif
-    Py_DECREF(p); /* the TimerThread's _ports dict keeps it alive */
     return (PortObject *)p;
 }
 
@@ -279,9 +280,12 @@ PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyO
     }
 
     HandleObject *h = handle_alloc(self->state);
-    if (!h) return NULL;
+    if (!h) {
+        Py_DECREF(port);
+        return NULL;
+    }
     h->tt = (TimerThreadObject *)Py_NewRef(self);
-    h->port = (PortObject *)Py_NewRef(port);
+    h->port = port; /* port_for's reference */
     h->when = when;
     h->callback = Py_NewRef(cb);
     h->args = tuple_from_array(cbargs, ncbargs);
@@ -359,12 +363,13 @@ static PyObject *TimerThread_stats(TimerThreadObject *self, PyObject *Py_UNUSED(
     if (!hist) return NULL;
     for (int i = 0; i < 48; i++) PyList_SET_ITEM(hist, i, PyLong_FromUnsignedLongLong(s.lateness_hist[i]));
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsI}", "scheduled", s.scheduled, "cancelled",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsIsKsK}", "scheduled", s.scheduled, "cancelled",
         s.cancelled, "fired", s.fired, "posted", s.posted, "ran", s.ran, "wakeups", s.wakeups,
         "passes", s.passes, "eventfd_writes", s.eventfd_writes, "drains", s.drains, "sweeps",
         s.sweeps, "reaped", s.reaped, "heap_size", s.heap_size, "list_size", s.list_size, "dead",
         s.dead, "slots", s.slots, "slots_free", s.slots_free, "ports", s.ports, "early_fires",
-        s.early_fires, "lateness_hist", hist, "buckets", (unsigned int)0);
+        s.early_fires, "lateness_hist", hist, "buckets", (unsigned int)0, "slots_retired",
+        s.slots_retired, "dropped", s.dropped);
 }
 
 static PyMethodDef TimerThread_methods[] = {

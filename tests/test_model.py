@@ -255,15 +255,25 @@ class CoreVsReference(RuleBasedStateMachine):
         assert ref_rc != CANCELLED
 
     @rule(
-        kind=st.sampled_from(["zero", "gen0", "future_gen", "slot_out_of_range", "max"]),
+        kind=st.sampled_from(
+            ["zero", "tag0", "future_gen", "foreign_tag", "slot_out_of_range", "max"]
+        ),
         slot=st.integers(0, 2047),
     )
     def cancel_never_issued(self, kind: str, slot: int) -> None:
+        # An id is generation << 32 | tag << 26 | index (docs/design.rst rule
+        # 1).  Learn this core's tag and a generation it issued, if any.
+        issued = next(iter(self.core_to_ref), (1 << 32) | (1 << 26))
+        gen, tag = issued >> 32, (issued >> 26) & 63
         core_id = {
             "zero": 0,
-            "gen0": slot,  # generation 0 is never issued
-            "future_gen": (0xFFFF_FFF0 << 32) | slot,
-            "slot_out_of_range": (1 << 32) | (1 << 26) | slot,
+            "tag0": (gen << 32) | slot,  # tag 0 is never issued
+            # A slot's generations start at the core's random first one and
+            # count up: 16 before an issued one is reached only after 2^32 - 16
+            # reuses of a slot.
+            "future_gen": (((gen - 16) & 0xFFFF_FFFF) << 32) | (tag << 26) | slot,
+            "foreign_tag": (gen << 32) | ((tag % 63 + 1) << 26) | slot,
+            "slot_out_of_range": (gen << 32) | (tag << 26) | ((1 << 26) - 1 - slot),
             "max": (1 << 64) - 1,
         }[kind]
         assert core_id not in self.core_to_ref
@@ -272,11 +282,11 @@ class CoreVsReference(RuleBasedStateMachine):
 
     @rule(tid=timers)
     def cancel_by_stale_generation(self, tid: int) -> None:
-        """The id of the previous generation of the same slot (generation 0,
-        never issued, for a slot on its first use)."""
+        """The id of the previous generation of the same slot (never issued,
+        for a slot on its first use)."""
         core_id = self.ref_to_core[tid]
         gen = core_id >> 32
-        older = ((gen - 1) << 32) | (core_id & 0xFFFF_FFFF)
+        older = (((gen - 1) & 0xFFFF_FFFF) << 32) | (core_id & 0xFFFF_FFFF)
         old_ref = self.core_to_ref.get(older)
         event(f"stale generation: {'issued before' if old_ref else 'never issued'}")
         rc = self.core.cancel(older)
@@ -452,7 +462,7 @@ def test_cancel_after_post_wins_and_stale_id_cannot_touch_new_timer():
         assert core.cancel(a) == UNKNOWN
         b = core.schedule(START + 5, 0)
         assert b & 0xFFFF_FFFF == a & 0xFFFF_FFFF, "LIFO free list: b reuses a's slot"
-        assert b >> 32 == (a >> 32) + 1
+        assert b >> 32 == ((a >> 32) + 1) & 0xFFFF_FFFF
         assert core.cancel(a) == UNKNOWN  # stale: must not cancel b
         assert core.advance(START + 5) == 1
         assert core.drain(0) == [b]

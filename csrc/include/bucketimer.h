@@ -10,9 +10,14 @@
  * to a bt_port (a lock-free MPSC stack + eventfd + "signalled" flag) whose
  * consumer (an event loop, a dispatcher thread, a test) runs it.
  *
- * Ids are `generation << 32 | slot`; 0 is never a valid id.  Slot memory is
- * never handed back to the allocator while the bt_timer_thread exists, so a
- * stale id is always safe to pass to bt_cancel: it answers BT_UNKNOWN.
+ * Ids are `generation << 32 | tag << 26 | slot index`; 0 is never a valid id.
+ * The tag (1..63) names the core: while at most 63 cores are alive at once
+ * their tags differ, and bt_cancel answers BT_UNKNOWN for another core's id.
+ * (Past 63 live cores tags are shared; each core starts its generations at a
+ * random value of its own, so another core's id cancels a timer only if its
+ * 32-bit generation happens to be that slot's.)  Slot memory is never handed
+ * back to the allocator while the bt_timer_thread exists, so a stale id is
+ * always safe to pass to bt_cancel: it answers BT_UNKNOWN.
  *
  * Time is CLOCK_MONOTONIC in nanoseconds (the clock of Python's
  * time.monotonic()).  Errors are negative errno values.
@@ -89,6 +94,15 @@ typedef struct bt_stats {
      * counted in early_fires (the core asserts there are none). */
     uint64_t lateness_hist[48];
     uint64_t early_fires;
+    /* slots retired for good: their 32-bit generation came round again (one
+     * per 2^32 reuses of a slot).  Quiescent: slots_free + slots_retired ==
+     * slots. */
+    uint64_t slots_retired;
+    /* posted timers a consumer took without running them (bt_timer_take:
+     * their loop closed).  Every scheduled timer ends up counted once in
+     * ran, cancelled (bt_drop_all's included) or dropped: quiescent,
+     * scheduled == ran + cancelled + dropped. */
+    uint64_t dropped;
 } bt_stats;
 
 /* ---- clock -------------------------------------------------------------- */
@@ -104,8 +118,14 @@ void bt_options_init(bt_options *opt);
 /* Creates the core and (unless manual_clock) starts its thread. */
 int bt_create(const bt_options *opt, bt_timer_thread **out);
 /* Stops and joins the thread; pending timers are dropped, never run.  Later
- * schedules fail with -ESHUTDOWN.  Idempotent.  Ports keep working for what
- * was already posted. */
+ * schedules fail with -ESHUTDOWN.  Idempotent, and safe from several threads
+ * at once: every caller returns only after the thread is joined.  Ports keep
+ * working for what was already posted.
+ * From a native callback of this core (on its timer thread, or inside
+ * bt_advance) it cannot join: it marks the core stopped and returns 0 at
+ * once.  No timer runs after that callback returns (the rest of its pass is
+ * skipped; bt_drop_all finds what was due), and the thread, which exits, is
+ * joined by the next bt_stop from another thread or by bt_destroy. */
 int bt_stop(bt_timer_thread *tt);
 /* After bt_stop: every timer still PENDING or POSTED becomes CANCELLED and
  * on_drop(ctx, port, payload) is called for it (port is NULL and payload the
@@ -114,8 +134,11 @@ int bt_stop(bt_timer_thread *tt);
  * many were dropped, or -EBUSY if the core is not stopped. */
 typedef void (*bt_drop_fn)(void *ctx, bt_port *port, void *payload);
 int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx);
-/* Frees everything.  The caller guarantees nobody uses tt or its ports any
- * more, and has consumed or abandoned whatever its ports hold. */
+/* Stops the core (as bt_stop) and frees everything.  The caller guarantees
+ * nobody uses tt or its ports any more, and has consumed or abandoned
+ * whatever its ports hold.  From a native callback of this core it stops the
+ * core and returns; the timer thread (or bt_advance) frees the core once the
+ * callback has returned, and nobody may touch tt after the call. */
 void bt_destroy(bt_timer_thread *tt);
 /* Nonzero once bt_stop was called, or if tt was created before a fork()
  * in an ancestor process (its thread does not exist here). */
@@ -142,15 +165,19 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
 /* ---- ports -------------------------------------------------------------- */
 
 /* Opens a port.  with_fd: create an eventfd (pipe where eventfd is missing)
- * that becomes readable when timers are posted. */
+ * that becomes readable when timers are posted.  -ECHILD for a core created
+ * before a fork() in an ancestor process (like every call on such a core,
+ * it touches none of its locks). */
 int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out);
 /* The fd to poll for readability, or -1. */
 int32_t bt_port_fd(bt_port *port);
-/* Closes the port's fd and marks it detached: timers that become due for it
- * afterwards are not posted to it but to the core's orphan port (see
- * bt_orphans), so nothing is ever signalled on a closed fd.  Timers already
- * in its queue stay there for the consumer to take.  Its memory lives until
- * bt_destroy. */
+/* Marks the port detached and closes its fd.  When it returns, nothing will
+ * ever be pushed to the port again: what the timer thread posted to it before
+ * is in its queue for the consumer to take (drain it after detaching), and
+ * timers that fall due for it later go to the core's orphan port (see
+ * bt_orphans); nothing is ever signalled on a closed fd.  It may wait for a
+ * post to this port in progress on the timer thread (one push and one fd
+ * write).  Its memory lives until bt_destroy.  -EINVAL for the orphan port. */
 int bt_port_detach(bt_port *port);
 /* Port receiving timers whose own port was detached.  Its consumer releases
  * them without running them. */
@@ -172,9 +199,9 @@ int64_t bt_timer_deadline(bt_timer *t);
 /* POSTED -> RUNNING, right before the caller runs it.  1: the caller must run
  * it (its lateness is recorded now); 0: it was cancelled. */
 int32_t bt_timer_claim(bt_port *port, bt_timer *t);
-/* POSTED -> RUNNING without counting a run: a consumer that releases a
- * timer without running it (its loop closed) takes ownership this way.
- * 1: taken; 0: it was cancelled. */
+/* POSTED -> RUNNING without counting a run (it counts in dropped): a
+ * consumer that releases a timer without running it (its loop closed) takes
+ * ownership this way.  1: taken; 0: it was cancelled. */
 int32_t bt_timer_take(bt_port *port, bt_timer *t);
 /* Returns a popped timer's slot to the pool (RUNNING -> DONE if claimed).
  * The id becomes stale. */

@@ -8,7 +8,7 @@ everything observable: which timers fire, in which order, what every
 What it models
 --------------
 Timers live in a :mod:`heapq` of ``(deadline_ns, seq, id)``: ``seq`` is the
-schedule order, so equal deadlines fire in schedule order (DESIGN.md rule 7),
+schedule order, so equal deadlines fire in schedule order (docs/design.rst rule 7),
 and a timer is due when ``deadline_ns <= now`` (rule 6: never early).  Like the
 core, the model
 

@@ -89,25 +89,53 @@ class TimerThread(_core.TimerThread):
                 return self._dispatcher
             port = self._ports.get(loop)
             if port is not None and port.fileno() >= 0:
+                if not loop.is_closed():
+                    return port
+                port = None  # its loop closed without our hook running: released below
+            else:
+                if not isinstance(loop, asyncio.AbstractEventLoop):
+                    raise TypeError(
+                        f"loop must be an asyncio event loop or None, not {type(loop).__name__}"
+                    )
+                if loop.is_closed():
+                    raise RuntimeError("cannot schedule on a closed event loop")
+                port = self._open_port(loop)
+                port.on_error = _make_loop_reporter(loop)
+                first = not self._ports
+                self._ports[loop] = port
+                self._start_dispatcher()  # releases what a closed loop leaves behind
+                if first:
+                    self._poke_dispatcher()  # it looks at its loops while it has any
+                port = None if self._watch_close(loop) else port
+        if port is not None:
+            fd = port.fileno()
+            try:
+                if fd < 0:  # the loop's close detached it meanwhile
+                    raise RuntimeError("cannot schedule on a closed event loop")
+                if asyncio.events._get_running_loop() is loop:
+                    loop.add_reader(fd, port.drain)
+                else:
+                    # Not from inside the loop: its selector is its own thread's
+                    # (asyncio is not thread-safe, even for a loop that is not
+                    # running now and may start or close meanwhile), so the
+                    # loop adds the reader itself, first thing when it runs.
+                    loop.call_soon_threadsafe(_add_reader_if_open, loop, port)
+            except RuntimeError:
+                self._detach_loop(loop)
+                raise
+            # A close from another thread that began before the hook was
+            # installed runs without it: refuse, and release the port.
+            if not loop.is_closed():
                 return port
-            if not isinstance(loop, asyncio.AbstractEventLoop):
-                raise TypeError(f"loop must be an asyncio event loop or None, not {type(loop).__name__}")
-            if loop.is_closed():
-                raise RuntimeError("cannot schedule on a closed event loop")
-            port = self._open_port(loop)
-            port.on_error = _make_loop_reporter(loop)
-            self._ports[loop] = port
-            self._start_dispatcher()  # releases what a closed loop leaves behind
-        self._watch_close(loop)
-        fd = port.fileno()
-        if asyncio.events._get_running_loop() is loop or not loop.is_running():
-            loop.add_reader(fd, port.drain)
-        else:
-            loop.call_soon_threadsafe(_add_reader_if_open, loop, port)
-        return port
+        self._detach_loop(loop)
+        raise RuntimeError("cannot schedule on a closed event loop")
 
-    def _watch_close(self, loop: Any) -> None:
-        """Detach the loop's port when the loop closes, before its selector goes."""
+    def _watch_close(self, loop: Any) -> bool:
+        """Detach the loop's port when the loop closes, before its selector goes.
+
+        Returns True if the loop is closed already.  A close that another
+        thread began before this hook was installed does not run it; the
+        dispatcher's audit (_audit_loops) finds such loops."""
         ref = weakref.ref(self)
         orig_close = loop.close
 
@@ -116,7 +144,9 @@ class TimerThread(_core.TimerThread):
             # In a child of fork() the port's eventfd and the loop's epoll
             # set are shared with the parent: detaching here would unregister
             # the parent's reader and eat its pending signal.  Leave them be.
-            if tt is not None and tt._pid == os.getpid():
+            # A running loop refuses to close (orig_close raises): it keeps
+            # its port and its timers.
+            if tt is not None and tt._pid == os.getpid() and not loop.is_running():
                 tt._detach_loop(loop)
             orig_close()
 
@@ -124,6 +154,7 @@ class TimerThread(_core.TimerThread):
             loop.close = close
         except (AttributeError, TypeError):  # a loop class without __dict__
             pass
+        return loop.is_closed()
 
     def _detach_loop(self, loop: Any) -> None:
         with self._lock:
@@ -138,7 +169,24 @@ class TimerThread(_core.TimerThread):
                 pass
         port.detach()
 
+    def _audit_loops(self) -> None:
+        """Detach the ports of loops that closed without our close hook
+        running: a close that raced a loop's first timer from another thread,
+        or a loop whose close cannot be wrapped.  Their queued timers are
+        released unrun, later ones go to the orphan port, their eventfds are
+        closed.  Run by the dispatcher thread about once a second while this
+        TimerThread serves loops (docs/guarantees.rst, "Never deliver to a
+        closed loop")."""
+        with self._lock:
+            closed = [loop for loop in self._ports if loop.is_closed()]
+        for loop in closed:
+            self._detach_loop(loop)
+
     # -- the dispatcher thread ----------------------------------------------
+
+    def _poke_dispatcher(self) -> None:
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"p")
 
     def _start_dispatcher(self) -> None:
         if self._thread is not None:
@@ -151,7 +199,7 @@ class TimerThread(_core.TimerThread):
             self._dispatcher = port
         t = threading.Thread(
             target=_dispatch,
-            args=(self._dispatcher, self._orphan_port, self._wake_r),
+            args=(self._dispatcher, self._orphan_port, self._wake_r, weakref.ref(self)),
             name="bucketimer-dispatcher",
             daemon=True,
         )
@@ -170,12 +218,15 @@ class TimerThread(_core.TimerThread):
         self._close(join_timeout=1.0)
 
     def _close(self, join_timeout: float) -> None:
+        if os.getpid() != self._pid:
+            # A copy inherited through fork(): another thread of the parent
+            # may have held _lock at the fork, and nobody would release it.
+            self._closing = True
+            return
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-        if os.getpid() != self._pid:  # a copy inherited through fork()
-            return
         self._close_core()
         for loop in list(self._ports):
             if loop.is_closed() or asyncio.events._get_running_loop() is loop or not loop.is_running():
@@ -191,6 +242,7 @@ class TimerThread(_core.TimerThread):
             if t is not threading.current_thread():
                 t.join(timeout=join_timeout)
             os.close(self._wake_w)  # the dispatcher closes _wake_r as it exits
+            self._wake_w = -1
         if self._dispatcher is not None:
             self._dispatcher.detach()
         if self._orphan_port is not None:
@@ -220,23 +272,43 @@ def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
         loop.add_reader(fd, port.drain)
 
 
-def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int) -> None:
-    """The dispatcher thread: runs timers that belong to no loop, and releases
-    (without running) timers whose loop closed before they came due."""
+# How often the dispatcher looks for loops that closed behind our back.
+_AUDIT_PERIOD = 1.0
+
+
+def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -> None:
+    """The dispatcher thread: runs timers that belong to no loop, releases
+    (without running) timers whose loop closed before they came due, and
+    while its TimerThread serves loops, audits them once a second.  The wake
+    pipe carries b"p" (look at the loops) and b"x" (exit)."""
     fds = [port.fileno(), orphans.fileno(), wake_r]
+    next_audit = time.monotonic() + _AUDIT_PERIOD
     try:
         while True:
+            tt = tt_ref()
+            serves_loops = tt is not None and bool(tt._ports)
+            del tt
+            timeout = max(0.0, next_audit - time.monotonic()) if serves_loops else None
             try:
-                ready, _, _ = select.select(fds, [], [])
+                ready, _, _ = select.select(fds, [], [], timeout)
             except (OSError, ValueError):  # an fd was closed under us: closing
                 return
-            if wake_r in ready:
+            if wake_r in ready and b"x" in os.read(wake_r, 64):
                 return
             try:
                 port.drain()
                 orphans.drain()
             except BaseException:  # KeyboardInterrupt/SystemExit from a callback
                 logger.exception("bucketimer dispatcher: callback raised")
+            now = time.monotonic()
+            if not serves_loops:
+                next_audit = now + _AUDIT_PERIOD
+            elif now >= next_audit:
+                next_audit = now + _AUDIT_PERIOD
+                tt = tt_ref()
+                if tt is not None:
+                    tt._audit_loops()
+                del tt
     finally:
         os.close(wake_r)
 

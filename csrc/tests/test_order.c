@@ -1,0 +1,239 @@
+/*
+ * test_order.c -- the order in which timers fire (docs/design.rst rule 7),
+ * pinned down where it depends on an interleaving.
+ *
+ * Built with -Wl,--wrap=pthread_mutex_lock (CMakeLists.txt): every mutex
+ * lock in this program and in the core library it links goes through
+ * __wrap_pthread_mutex_lock below, which can stop the timer thread right
+ * before it takes a given bucket's lock and let the test's threads act
+ * there.  That makes "a schedule lands while the timer thread is half-way
+ * through collecting the bucket lists" deterministic instead of rare.
+ *
+ * Prints one line per test and "N passed, N failed".
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bucketimer.h"
+#include "internal.h" /* white-box: a slot's home bucket, a bucket's mutex */
+
+#include "check.h"
+
+#define MS 1000000LL
+
+/* ---- the lock hook ------------------------------------------------------ */
+
+int __real_pthread_mutex_lock(pthread_mutex_t *m);
+
+static _Thread_local int test_thread; /* main and the workers: never hooked */
+static pthread_mutex_t *_Atomic hook_mutex;
+static void (*hook_fn)(void);
+
+/* The first time a thread other than the test's own locks hook_mutex, runs
+ * hook_fn there first. */
+int __wrap_pthread_mutex_lock(pthread_mutex_t *m) {
+    if (!test_thread && m == atomic_load(&hook_mutex) &&
+        atomic_exchange(&hook_mutex, NULL) == m)
+        hook_fn();
+    return __real_pthread_mutex_lock(m);
+}
+
+/* ---- helpers -------------------------------------------------------------- */
+
+#define MAX_ORDER 200000
+static _Atomic size_t nfired;
+static uintptr_t order[MAX_ORDER];
+
+static void note(void *arg, uint64_t id) {
+    (void)id;
+    size_t i = atomic_fetch_add(&nfired, 1);
+    if (i < MAX_ORDER) order[i] = (uintptr_t)arg;
+}
+
+static long position(uintptr_t what) {
+    size_t n = atomic_load(&nfired);
+    for (size_t i = 0; i < n && i < MAX_ORDER; i++)
+        if (order[i] == what) return (long)i;
+    return -1;
+}
+
+static int wait_flag(_Atomic int *flag, int64_t timeout_ns) {
+    int64_t end = bt_now_ns() + timeout_ns;
+    while (!atomic_load(flag)) {
+        if (bt_now_ns() > end) return 0;
+        usleep(100);
+    }
+    return 1;
+}
+
+/* ---- FIFO across buckets ---------------------------------------------------- */
+
+/* Two threads whose timers live in different buckets.  Thread A schedules a
+ * timer, then (happens-before, through a flag) thread B schedules one with
+ * the same deadline, already due.  Both land while the timer thread collects
+ * the bucket lists: after it passed A's bucket, before it reaches B's.  A
+ * was scheduled first, so A must fire first.  (An earlier core locked the
+ * buckets one at a time: it took B's timer into this pass and fired it,
+ * and found A's only in the next pass.) */
+
+enum { A_LABEL = 1, B_LABEL = 2, TRIGGER = 3 };
+
+static struct {
+    bt_timer_thread *tt;
+    int64_t deadline;
+    _Atomic int go_a, a_done, b_done, quit;
+    _Atomic int want_bucket, bucket_a, bucket_b; /* -1 until known */
+} F;
+
+static int home_bucket(void) {
+    uint64_t id;
+    CHECK(bt_schedule_native(F.tt, bt_now_ns() + 3600 * 1000 * MS, note, NULL, &id) == 0);
+    int b = (int)bt__slot(F.tt, id)->bucket;
+    CHECK(bt_cancel(F.tt, id) == BT_CANCELLED);
+    return b;
+}
+
+static void *thread_a(void *arg) {
+    (void)arg;
+    test_thread = 1;
+    atomic_store(&F.bucket_a, home_bucket());
+    if (!wait_flag(&F.go_a, 5000 * MS)) return NULL;
+    uint64_t id;
+    CHECK(bt_schedule_native(F.tt, F.deadline, note, (void *)A_LABEL, &id) == 0);
+    atomic_store(&F.a_done, 1);
+    return NULL;
+}
+
+static void *thread_b(void *arg) {
+    (void)arg;
+    test_thread = 1;
+    atomic_store(&F.bucket_b, home_bucket());
+    if (!wait_flag(&F.a_done, 5000 * MS)) return NULL; /* A's schedule returned */
+    uint64_t id;
+    CHECK(bt_schedule_native(F.tt, F.deadline, note, (void *)B_LABEL, &id) == 0);
+    atomic_store(&F.b_done, 1);
+    return NULL;
+}
+
+/* Runs on the timer thread, right before it locks B's bucket in a collect. */
+static void between_the_buckets(void) {
+    atomic_store(&F.go_a, 1);
+    /* A core that holds every bucket lock while it collects blocks A (and so
+     * B) until the collect is over: give up waiting then. */
+    wait_flag(&F.b_done, 200 * MS);
+}
+
+static void test_fifo_across_buckets(void) {
+    memset(&F, 0, sizeof(F));
+    atomic_store(&nfired, 0);
+    CHECK(bt_create(NULL, &F.tt) == 0);
+    /* Threads get buckets round robin in creation order; the one with the
+     * lower bucket plays A (the collect passes it first). */
+    pthread_t t1, t2;
+    atomic_store(&F.bucket_a, -1);
+    atomic_store(&F.bucket_b, -1);
+    CHECK(pthread_create(&t1, NULL, thread_a, NULL) == 0);
+    while (atomic_load(&F.bucket_a) < 0) usleep(100);
+    CHECK(pthread_create(&t2, NULL, thread_b, NULL) == 0);
+    while (atomic_load(&F.bucket_b) < 0) usleep(100);
+    int ba = atomic_load(&F.bucket_a), bb = atomic_load(&F.bucket_b);
+    CHECK(ba != bb);
+    if (ba > bb) {
+        /* Swap roles: B must be the one in the higher bucket.  Cheapest to
+         * start over with the threads the other way round. */
+        atomic_store(&F.go_a, 1);
+        pthread_join(t1, NULL);
+        pthread_join(t2, NULL);
+        bt_destroy(F.tt);
+        static int retries;
+        if (retries++ < 16) {
+            test_fifo_across_buckets();
+            return;
+        }
+        CHECK(!"could not get A's bucket below B's");
+        return;
+    }
+    F.deadline = bt_now_ns(); /* due already */
+    hook_fn = between_the_buckets;
+    atomic_store(&hook_mutex, &F.tt->buckets[bb].mutex);
+    uint64_t id;
+    CHECK(bt_schedule_native(F.tt, bt_now_ns(), note, (void *)TRIGGER, &id) == 0);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    int64_t end = bt_now_ns() + 5000 * MS;
+    while (atomic_load(&nfired) < 3 && bt_now_ns() < end) usleep(1000);
+    bt_stop(F.tt); /* joins: the order array is complete */
+    CHECK(atomic_load(&hook_mutex) == NULL); /* the hook ran */
+    long pa = position(A_LABEL), pb = position(B_LABEL);
+    printf("  buckets %d (A) and %d (B): A fired %s B\n", ba, bb,
+           pa >= 0 && pb >= 0 ? (pa < pb ? "before" : "AFTER") : "?? (one did not fire)");
+    CHECK(pa >= 0 && pb >= 0);
+    CHECK(pa < pb);
+    bt_destroy(F.tt);
+}
+
+/* ---- a due timer does not wait behind a long batch ------------------------- */
+
+/* The first timer of a batch of 20 000 due native timers schedules one more,
+ * due even earlier than the batch.  The timer thread must see it within a
+ * few dozen timers (brpc's pull_again), not after the whole batch.  (An
+ * earlier core fired it after all 20 000.) */
+
+static bt_timer_thread *pull_tt;
+static int64_t pull_deadline;
+
+static void first_of_batch(void *arg, uint64_t id) {
+    note(arg, id);
+    uint64_t late;
+    CHECK(bt_schedule_native(pull_tt, pull_deadline - 1, note, (void *)TRIGGER, &late) == 0);
+}
+
+static void test_due_timer_does_not_wait_behind_a_batch(void) {
+    enum { N = 20000 };
+    atomic_store(&nfired, 0);
+    CHECK(bt_create(NULL, &pull_tt) == 0);
+    pull_deadline = bt_now_ns() + 20 * MS;
+    uint64_t id;
+    CHECK(bt_schedule_native(pull_tt, pull_deadline, first_of_batch, (void *)A_LABEL, &id) == 0);
+    for (int i = 1; i < N; i++)
+        CHECK(bt_schedule_native(pull_tt, pull_deadline, note, (void *)B_LABEL, &id) == 0);
+    int64_t end = bt_now_ns() + 10000 * MS;
+    while (atomic_load(&nfired) < N + 1 && bt_now_ns() < end) usleep(1000);
+    bt_stop(pull_tt);
+    long p = position(TRIGGER);
+    printf("  a due timer scheduled by the first of %d fired at position %ld\n", N, p);
+    CHECK(p > 0 && p <= 1 + 64 + 1);
+    CHECK(atomic_load(&nfired) == N + 1);
+    bt_destroy(pull_tt);
+}
+
+/* ---- main ------------------------------------------------------------------- */
+
+struct test {
+    const char *name;
+    void (*fn)(void);
+};
+
+int main(void) {
+    test_thread = 1;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    struct test tests[] = {
+        {"fifo_across_buckets", test_fifo_across_buckets},
+        {"due_timer_does_not_wait_behind_a_batch", test_due_timer_does_not_wait_behind_a_batch},
+    };
+    int passed = 0;
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        checks_failed_in_test = 0;
+        tests[i].fn();
+        printf("%s %s\n", checks_failed_in_test ? "FAIL" : "ok  ", tests[i].name);
+        if (checks_failed_in_test) failures++;
+        else passed++;
+    }
+    printf("%d passed, %d failed\n", passed, failures);
+    return failures ? 1 : 0;
+}
