@@ -13,30 +13,36 @@
 
 #include "compat.h"
 
-/* ---- gates: the versions each read was checked on ------------------------
- * Free-threaded builds were never checked: they take the public API. */
+/* ---- gates: the versions each read was checked on, and pays on ----------
+ * docs/design.rst gives what each saves.  Free-threaded builds were never
+ * checked: they take the public API, as does any version after 3.15. */
 
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x03100000
-#if PY_VERSION_HEX < 0x030C0000
-#define LOOP_READ_HOLDER 1 /* 3.11 */
-#define TASK_READ_DICT 1
-#elif PY_VERSION_HEX < 0x030D0000
-#define LOOP_READ_DICT 1 /* 3.12 */
-#define TASK_READ_DICT 1
-#define STOP_ITERATION_REUSE 1
-#define CR_AWAIT_GETTER 1
-#elif defined(__has_include)
+#if PY_VERSION_HEX >= 0x030D0000 && defined(__has_include)
 #if __has_include("internal/pycore_tstate.h")
 #include "internal/pycore_tstate.h"
-#define LOOP_READ_TSTATE 1 /* 3.13 - 3.15 */
+#define HAVE_TSTATE_IMPL 1
+#endif
+#endif
+
+#if PY_VERSION_HEX < 0x030C0000
+#define LOOP_READ_HOLDER 1 /* 3.11: saves a getpid() call */
+#elif defined(HAVE_TSTATE_IMPL)
+#define LOOP_READ_TSTATE 1 /* 3.13-3.15; 3.12's own lookup is as cheap as a read */
+#endif
+
 #if PY_VERSION_HEX < 0x030E0000
-#define TASK_READ_DICT 1 /* 3.13 */
-#else
+#define TASK_READ_DICT 1 /* 3.11-3.13 */
+#elif defined(HAVE_TSTATE_IMPL)
 #define TASK_READ_TSTATE 1 /* 3.14, 3.15 */
 #endif
+
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030F0000
+#define STOP_ITERATION_REUSE 1 /* 3.12-3.14: 3.15's `await` makes none to save */
 #endif
-#define STOP_ITERATION_REUSE 1
-#define CR_AWAIT_GETTER 1
+
+#if PY_VERSION_HEX >= 0x030C0000
+#define CR_AWAIT_GETTER 1 /* 3.12-3.15, where wait_for is written in C */
 #endif
 #endif
 
@@ -58,9 +64,9 @@ static void judge(_Atomic int *state, int rc, PyObject *mine, PyObject *theirs) 
  * asyncio._get_running_loop() on 3.11 calls getpid() (a syscall) to hide a
  * parent's loop from a forked child; that was a third of a schedule+cancel
  * pair.  3.11 keeps a holder (loop, pid) in the thread-state dict: we read
- * it and compare its pid with one cached and refreshed after fork().  3.12
- * keeps the loop itself under the same key.  3.13 moved it into the
- * thread state (_PyThreadStateImpl.asyncio_running_loop). */
+ * it and compare its pid with one cached and refreshed after fork().  3.13
+ * moved the loop into the thread state (_PyThreadStateImpl.
+ * asyncio_running_loop), where it is a load instead of a call. */
 
 #if defined(LOOP_READ_HOLDER)
 #include <unistd.h>
@@ -97,7 +103,7 @@ static int read_running_loop(bt_compat *c, PyObject **out) {
     PyObject *loop = ((_PyThreadStateImpl *)PyThreadState_Get())->asyncio_running_loop;
     *out = loop ? loop : Py_None;
     return 0;
-#elif defined(LOOP_READ_DICT) || defined(LOOP_READ_HOLDER)
+#elif defined(LOOP_READ_HOLDER)
     PyObject *d = PyThreadState_GetDict();
     if (!d) return 1;
     PyObject *v = PyDict_GetItemWithError(d, c->running_loop_key);
@@ -109,14 +115,10 @@ static int read_running_loop(bt_compat *c, PyObject **out) {
         *out = Py_None;
         return 0;
     }
-#if defined(LOOP_READ_HOLDER)
     if (!is_holder(c, v)) return 1;
     running_loop_holder *h = (running_loop_holder *)v;
     *out = h->rl_pid == atomic_load_explicit(&cached_pid, memory_order_relaxed) ? h->rl_loop
                                                                                 : Py_None;
-#else
-    *out = v;
-#endif
     return 0;
 #else
     (void)c;
@@ -348,13 +350,11 @@ int bt_compat_init(bt_compat *c) {
     if (!c->str_cr_await) return -1;
 
     int loop_in = 0, task_in = 0, stop_in = 0, await_in = 0, stop_ok = 0;
-#if defined(LOOP_READ_HOLDER) || defined(LOOP_READ_DICT) || defined(LOOP_READ_TSTATE)
+#if defined(LOOP_READ_HOLDER) || defined(LOOP_READ_TSTATE)
     loop_in = 1;
 #endif
 #if defined(LOOP_READ_HOLDER)
     pthread_once(&pid_once, install_pid_cache);
-#endif
-#if defined(LOOP_READ_HOLDER) || defined(LOOP_READ_DICT)
     c->running_loop_key = PyUnicode_InternFromString("__asyncio_running_event_loop__");
     if (!c->running_loop_key) return -1;
 #endif

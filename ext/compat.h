@@ -86,7 +86,7 @@ typedef struct bt_compat {
     _Atomic int stop_iteration_read;
     _Atomic int cr_await_read;
     /* what the reads need */
-    PyObject *running_loop_key;  /* 3.11-3.12: thread-state dict key */
+    PyObject *running_loop_key;  /* 3.11: thread-state dict key */
     PyTypeObject *holder_type;   /* 3.11: _asyncio._RunningLoopHolder, once seen */
     PyObject *current_tasks;     /* 3.11-3.13: _asyncio's loop -> task dict */
     PyObject *stop_iteration;    /* the StopIteration raised again and again */
