@@ -43,14 +43,19 @@ static void sift_down(struct bt__heap *h, size_t i) {
     h->v[i] = e;
 }
 
+int bt__heap_reserve(struct bt__heap *h, size_t n) {
+    if (h->size + n <= h->cap) return 0;
+    size_t cap = h->cap ? h->cap : 1024;
+    while (cap < h->size + n) cap *= 2;
+    struct bt__heap_entry *v = realloc(h->v, cap * sizeof(*v));
+    if (!v) return -ENOMEM;
+    h->v = v;
+    h->cap = cap;
+    return 0;
+}
+
 int bt__heap_push(struct bt__heap *h, struct bt_timer *t) {
-    if (h->size == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 1024;
-        struct bt__heap_entry *v = realloc(h->v, cap * sizeof(*v));
-        if (!v) return -ENOMEM;
-        h->v = v;
-        h->cap = cap;
-    }
+    if (bt__heap_reserve(h, 1)) return -ENOMEM;
     h->v[h->size].deadline = t->deadline;
     h->v[h->size].seq = t->seq;
     h->v[h->size].timer = t;

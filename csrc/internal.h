@@ -17,10 +17,6 @@
 
 #include "bucketimer.h"
 
-#define BT_DEFAULT_BUCKETS 13u
-#define BT_MAX_BUCKETS 256u
-#define BT_DEFAULT_DRAIN_THRESHOLD 4096u
-#define BT_DEFAULT_SWEEP_MIN 4096u
 #define BT_NEVER INT64_MAX
 
 /* Slots live in blocks of BT_BLOCK_SLOTS; the directory has BT_MAX_BLOCKS
@@ -111,8 +107,7 @@ struct bt_port {
     /* fd side, no lock (port.c): whoever pushes, writes or reads the fd
      * counts itself in `users` and then checks `detached`; detach sets
      * `detached`, waits for `users` to reach 0, and only then closes */
-    _Atomic int fd;   /* eventfd, or the read end of a pipe; -1 if none */
-    _Atomic int wfd;  /* write end (== fd for an eventfd) */
+    _Atomic int fd;   /* the eventfd; -1 if none */
     _Atomic int detached;
     _Atomic uint32_t users;
     /* consumer side, touched only by the consuming thread */
@@ -121,7 +116,7 @@ struct bt_port {
     _Atomic uint64_t ran;
     _Atomic uint64_t dropped; /* taken without running (bt_timer_take) */
     _Atomic uint64_t early;
-    _Atomic uint64_t hist[48];
+    _Atomic uint64_t hist[BT_HIST_BUCKETS];
     /* timer-thread side: batch being built during a pass */
     struct bt_timer *pass_head;
     struct bt_timer *pass_tail;
@@ -141,7 +136,7 @@ struct bt_timer_thread {
     struct bt__bucket *buckets;
     uint32_t nbuckets;
 
-    /* what makes its ids its own (core.c, "ids") */
+    /* what makes its ids its own (lifecycle.c, "ids") */
     uint32_t tag;      /* 1..63; distinct among up to 63 live cores */
     int tag_owned;     /* 0: every tag was taken, this one is shared */
     uint32_t gen0;     /* every slot's first generation, chosen at random */
@@ -158,7 +153,7 @@ struct bt_timer_thread {
     int64_t nearest;              /* global nearest deadline, under wake_mutex */
     _Atomic uint32_t nsignals;    /* futex word; bumped under wake_mutex */
     _Atomic int stop;
-    /* bt_stop's join, one caller at a time (core.c, "stop, drop, destroy") */
+    /* bt_stop's join, one caller at a time (lifecycle.c, "stop, drop, destroy") */
     pthread_mutex_t stop_mutex;
     int started;         /* a thread exists and was not joined; stop_mutex */
     int destroy_later;   /* bt_destroy came from a native callback */
@@ -179,7 +174,7 @@ struct bt_timer_thread {
     uint32_t signals_seen;   /* nsignals when the pass last collected */
     _Atomic uint64_t fired, posted, ran_native, passes, drains, sweeps, reaped;
     _Atomic uint64_t heap_size, early_native;
-    _Atomic uint64_t hist_native[48];
+    _Atomic uint64_t hist_native[BT_HIST_BUCKETS];
     /* several writers */
     _Atomic uint64_t eventfd_writes;
     _Atomic uint64_t slots_retired; /* generations used up (pool.c) */
@@ -208,6 +203,8 @@ void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
 int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t);
 
 /* heap.c */
+/* Makes room for n more entries: 0, or -ENOMEM (the heap is unchanged). */
+int bt__heap_reserve(struct bt__heap *h, size_t n);
 int bt__heap_push(struct bt__heap *h, struct bt_timer *t);
 struct bt_timer *bt__heap_pop(struct bt__heap *h);
 static inline const struct bt__heap_entry *bt__heap_top(const struct bt__heap *h) {
@@ -229,10 +226,58 @@ int bt__heap_sweep_step(struct bt__heap *h, int (*dead)(struct bt_timer *),
                         size_t budget, size_t *removed);
 void bt__heap_free(struct bt__heap *h);
 
-/* core.c: nonzero for a core inherited through fork(): its thread is gone,
- * its locks may be held by threads that are gone, and its ports' eventfds
- * are shared with the parent.  Port operations do nothing then. */
-int bt__forked(const bt_timer_thread *tt);
+/* The initial-exec TLS model: in a shared object the default model calls
+ * __tls_get_addr on every access (twice per schedule+cancel pair for the
+ * caller's bucket); initial-exec reads a fixed offset from the thread
+ * pointer (glibc keeps static TLS room for dlopen()ed objects' few bytes). */
+#if defined(__GNUC__) || defined(__clang__)
+#define BT_TLS_IE __attribute__((tls_model("initial-exec")))
+#else
+#define BT_TLS_IE
+#endif
+
+/* lifecycle.c */
+extern _Atomic uint64_t bt__fork_generation; /* bumped in every fork() child */
+/* Nonzero for a core inherited through fork(): its thread is gone, its
+ * locks may be held by threads that are gone, and its ports' eventfds are
+ * shared with the parent.  Everything refuses work then. */
+static inline int bt__forked(const bt_timer_thread *tt) {
+    return tt->fork_generation !=
+           atomic_load_explicit(&bt__fork_generation, memory_order_relaxed);
+}
+/* Frees everything; the thread, if any, is joined or is the caller. */
+void bt__destroy_now(bt_timer_thread *tt);
+
+/* pass.c: run by the timer thread or, in manual-clock mode, by bt_advance
+ * under advance_mutex */
+#define BT_SWEEP_SLICE 2048    /* heap positions a sweep examines per slice */
+#define BT_DEAD_POP_SLICE 2048 /* dead heap tops dropped per pass */
+static inline int bt__is_cancelled(struct bt_timer *t) {
+    return BT_WORD_STATE(atomic_load_explicit(&t->word, memory_order_acquire)) == BT_S_CANCELLED;
+}
+/* Moves every bucket list into the heap, reaping cancelled timers. */
+void bt__collect(bt_timer_thread *tt);
+/* bt__collect, then slots back to their buckets, then a sweep: at once
+ * (sweep_now) or started for the thread to run in slices. */
+void bt__collect_lists(bt_timer_thread *tt, int sweep_now);
+/* Under wake_mutex: whether the lists must be collected at `now`; if so,
+ * the request is taken. */
+int bt__collect_requested(bt_timer_thread *tt, int64_t now);
+/* One slice of a sweep in progress (budget SIZE_MAX: all of it). */
+void bt__sweep_some(bt_timer_thread *tt, size_t budget);
+/* Collects if asked, fires what is due at `now`; returns how many fired. */
+uint64_t bt__one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
+                      int *more);
+/* Asks for a collect pass (a full list, or enough cancels), from any thread. */
+void bt__request_collect(bt_timer_thread *tt);
+/* A cancelled slot, to its bucket at the end of the pass (ctx: the core). */
+void bt__reap(struct bt_timer *t, void *ctx);
+uint64_t bt__flush_reaped(bt_timer_thread *tt);
+
+/* timer_thread.c */
+void *bt__timer_thread_main(void *arg);
+/* The core whose pass this thread runs, if any (a native callback's core). */
+extern _Thread_local bt_timer_thread *bt__pass_owner BT_TLS_IE;
 
 /* port.c */
 /* Pushes head..tail (newest first) onto the port and signals it; returns 0

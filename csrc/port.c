@@ -28,7 +28,7 @@
  *   - no read or write ever reaches a closed (or reused) fd number;
  *   - when bt_port_detach returns, every push the port will ever get
  *     happened before it, so a drain after detach takes them all, and the
- *     timer thread sends what falls due later to the orphan port (core.c,
+ *     timer thread sends what falls due later to the orphan port (pass.c,
  *     flush_posts) -- nothing is left POSTED in a port nobody drains;
  *   - the timer thread takes no lock here at all: its post is one counted
  *     push (a CAS that retries only when a consumer's exchange intervened), one
@@ -38,7 +38,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <time.h>
@@ -46,27 +45,12 @@
 
 #include "internal.h"
 
-#if defined(__linux__)
 #include <sys/eventfd.h>
-#define BT_HAVE_EVENTFD 1
-#endif
 
-static int open_fds(bt_port *p) {
-#ifdef BT_HAVE_EVENTFD
+static int open_fd(bt_port *p) {
     int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) return -errno;
     atomic_init(&p->fd, fd);
-    atomic_init(&p->wfd, fd);
-#else
-    int fds[2];
-    if (pipe(fds) < 0) return -errno;
-    for (int i = 0; i < 2; i++) {
-        fcntl(fds[i], F_SETFL, fcntl(fds[i], F_GETFL) | O_NONBLOCK);
-        fcntl(fds[i], F_SETFD, FD_CLOEXEC);
-    }
-    atomic_init(&p->fd, fds[0]);
-    atomic_init(&p->wfd, fds[1]);
-#endif
     return 0;
 }
 
@@ -77,13 +61,12 @@ int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     if (!p) return -ENOMEM;
     p->tt = tt;
     atomic_init(&p->fd, -1);
-    atomic_init(&p->wfd, -1);
     atomic_init(&p->stack, NULL);
     atomic_init(&p->signalled, 0);
     atomic_init(&p->detached, 0);
     atomic_init(&p->users, 0);
     if (with_fd) {
-        int rc = open_fds(p);
+        int rc = open_fd(p);
         if (rc) {
             free(p);
             return rc;
@@ -115,11 +98,9 @@ static void leave(bt_port *port) {
     atomic_fetch_sub_explicit(&port->users, 1, memory_order_release);
 }
 
-static void close_fds(bt_port *port) {
+static void close_fd(bt_port *port) {
     int fd = atomic_exchange(&port->fd, -1);
-    int wfd = atomic_exchange(&port->wfd, -1);
     if (fd >= 0) close(fd);
-    if (wfd >= 0 && wfd != fd) close(wfd);
 }
 
 /* Waits until *count reads 0: yields first, then sleeps in short steps. */
@@ -140,7 +121,7 @@ int bt_port_detach(bt_port *port) {
     if (port == port->tt->orphans) return -EINVAL; /* where detached ports' timers go */
     atomic_store(&port->detached, 1);
     wait_out(&port->users); /* see the header comment */
-    close_fds(port);
+    close_fd(port);
     return 0;
 }
 
@@ -160,16 +141,12 @@ static void push_chain(bt_port *port, struct bt_timer *head, struct bt_timer *ta
  * is counted in the port's users. */
 static int write_signal(bt_port *port) {
     if (atomic_exchange(&port->signalled, 1)) return 0; /* already signalled */
-    int wfd = atomic_load_explicit(&port->wfd, memory_order_relaxed);
-    if (wfd < 0) return 0;
+    int fd = atomic_load_explicit(&port->fd, memory_order_relaxed);
+    if (fd < 0) return 0;
+    uint64_t one = 1;
     ssize_t n;
     do {
-#ifdef BT_HAVE_EVENTFD
-        uint64_t one = 1;
-        n = write(wfd, &one, sizeof(one));
-#else
-        n = write(wfd, "x", 1);
-#endif
+        n = write(fd, &one, sizeof(one));
     } while (n < 0 && errno == EINTR);
     atomic_fetch_add_explicit(&port->tt->eventfd_writes, 1, memory_order_relaxed);
     return 1;
@@ -195,13 +172,8 @@ void bt_port_ack(bt_port *port) {
     if (enter(port)) {
         int fd = atomic_load_explicit(&port->fd, memory_order_relaxed);
         if (fd >= 0) {
-            char buf[64];
-            /* Nonblocking: drains an eventfd in one read, a pipe in a few. */
-            while (read(fd, buf, sizeof(buf)) > 0) {
-#ifdef BT_HAVE_EVENTFD
-                break;
-#endif
-            }
+            uint64_t count; /* nonblocking: one read resets the eventfd */
+            (void)!read(fd, &count, sizeof(count));
         }
         leave(port);
     }
@@ -242,7 +214,7 @@ void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness) {
     int i = 0;
     if (lateness > 0) {
         i = 64 - __builtin_clzll((unsigned long long)lateness);
-        if (i > 47) i = 47;
+        if (i > BT_HIST_BUCKETS - 1) i = BT_HIST_BUCKETS - 1;
     }
     bt__bump(&hist[i], 1);
 }
@@ -301,6 +273,6 @@ size_t bt_port_drain_ids(bt_port *port, uint64_t *ids, size_t max) {
 }
 
 void bt__port_free(bt_port *port) {
-    close_fds(port);
+    close_fd(port);
     free(port);
 }

@@ -44,17 +44,34 @@ typedef struct bt_timer bt_timer;
  * behind it waits. */
 typedef void (*bt_native_fn)(void *arg, uint64_t id);
 
+/* The constants every layer shares (Python reads them from bucketimer._core
+ * and bucketimer._cffi). */
+enum bt_constants {
+    BT_DEFAULT_BUCKETS = 13,
+    BT_MAX_BUCKETS = 256,
+    BT_DEFAULT_DRAIN_THRESHOLD = 4096,
+    BT_MIN_DRAIN_THRESHOLD = 16,
+    BT_DEFAULT_SWEEP_MIN = 4096,
+    /* buckets of the lateness histogram: bucket i counts lateness in
+     * [2^(i-1), 2^i) ns, bucket 0 counts lateness 0; the last one counts
+     * everything longer */
+    BT_HIST_BUCKETS = 48
+};
+
 /* Options for bt_create.  Zero fields take the documented default; call
  * bt_options_init first. */
 typedef struct bt_options {
-    /* Number of buckets callers are hashed into by thread.  Default 13. */
+    /* Number of buckets callers are hashed into by thread (at most
+     * BT_MAX_BUCKETS).  Default BT_DEFAULT_BUCKETS. */
     uint32_t num_buckets;
     /* A bucket list longer than this wakes the timer thread to move it into
      * the heap and drop its cancelled entries.  Bounds garbage to
-     * O(live timers + num_buckets * drain_threshold).  Default 4096. */
+     * O(live timers + num_buckets * drain_threshold).  Default
+     * BT_DEFAULT_DRAIN_THRESHOLD. */
     uint32_t drain_threshold;
     /* The heap is swept of cancelled entries when they are more than half of
-     * it and it holds at least this many entries.  Default 4096. */
+     * it and it holds at least this many entries.  Default
+     * BT_DEFAULT_SWEEP_MIN. */
     uint32_t sweep_min;
     /* Nonzero: no thread is started; time is what bt_advance says, and timers
      * fire on the thread calling bt_advance. */
@@ -89,10 +106,9 @@ typedef struct bt_stats {
     uint64_t slots;           /* slots allocated (memory never shrinks) */
     uint64_t slots_free;      /* of those, free now */
     uint64_t ports;           /* ports opened */
-    /* lateness (fire time - deadline) histogram: bucket i counts lateness in
-     * [2^(i-1), 2^i) ns, bucket 0 counts lateness 0; early fires would be
-     * counted in early_fires (the core asserts there are none). */
-    uint64_t lateness_hist[48];
+    /* lateness (fire time - deadline) histogram (see BT_HIST_BUCKETS);
+     * early fires would be counted in early_fires (there are none). */
+    uint64_t lateness_hist[BT_HIST_BUCKETS];
     uint64_t early_fires;
     /* slots retired for good: their 32-bit generation came round again (one
      * per 2^32 reuses of a slot).  Quiescent: slots_free + slots_retired ==
@@ -103,6 +119,7 @@ typedef struct bt_stats {
      * ran, cancelled (bt_drop_all's included) or dropped: quiescent,
      * scheduled == ran + cancelled + dropped. */
     uint64_t dropped;
+    uint64_t buckets;         /* the core's number of buckets */
 } bt_stats;
 
 /* ---- clock -------------------------------------------------------------- */
@@ -111,6 +128,14 @@ typedef struct bt_stats {
 int64_t bt_now_ns(void);
 /* The timer thread's clock: the manual clock in manual mode. */
 int64_t bt_time_ns(bt_timer_thread *tt);
+/* A deadline in seconds on that clock (call_at's), in ns: rounded up, so a
+ * timer never fires before time.monotonic() reaches it; +inf and anything
+ * past the int64 range is never (INT64_MAX); -inf and anything below the
+ * range, as soon as possible.  NaN is the caller's to refuse. */
+int64_t bt_deadline_at(double when_s);
+/* now_ns + delay_s (call_later's), in ns, rounded up and saturated as
+ * bt_deadline_at. */
+int64_t bt_deadline_after(int64_t now_ns, double delay_s);
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
@@ -164,7 +189,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
 
 /* ---- ports -------------------------------------------------------------- */
 
-/* Opens a port.  with_fd: create an eventfd (pipe where eventfd is missing)
+/* Opens a port.  with_fd: create an eventfd
  * that becomes readable when timers are posted.  -ECHILD for a core created
  * before a fork() in an ancestor process (like every call on such a core,
  * it touches none of its locks). */

@@ -27,7 +27,8 @@ INCLUDE_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "csrc", "include")
 HEADER = os.path.join(INCLUDE_DIR, "bucketimer.h")
 # The benchmark kit's header (the reference single-lock heap timer and the
 # GIL-free benchmark loops); it includes bucketimer.h, so it is cdef'd second.
-BENCH_HEADER = os.path.join(INCLUDE_DIR, "bucketimer_bench.h")
+BENCH_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "csrc", "bench"))
+BENCH_HEADER = os.path.join(BENCH_DIR, "bucketimer_bench.h")
 
 _COMMENT_RE = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _IF_RE = re.compile(r"#\s*(if|ifdef|ifndef)\b")
@@ -81,7 +82,7 @@ def make_ffibuilder(header: str = HEADER, extra_headers: tuple[str, ...] | None 
     builder.set_source(
         "bucketimer._cffi",
         "\n".join(includes),
-        include_dirs=[INCLUDE_DIR],
+        include_dirs=[INCLUDE_DIR, BENCH_DIR],
     )
     return builder
 

@@ -1,0 +1,188 @@
+/*
+ * bucket.c -- the callers' side: which bucket a thread uses, schedule and
+ * cancel (docs/design.rst, rules 1-5).
+ *
+ * A bucket's list, free list, length, nearest deadline and counters are
+ * guarded by its mutex; its cancelled/wakeups counters are relaxed atomics.
+ * A slot's state word is the only thing a cancel touches (a CAS), so cancel
+ * needs no lock.  The wake protocol (nearest, nsignals) is guarded by
+ * wake_mutex, taken only for a deadline earlier than the bucket's nearest.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+
+#include "internal.h"
+
+/* ---- the calling thread's bucket (rule 3) --------------------------------
+ * Thread-local, assigned round robin on first use: timers of one thread stay
+ * together, and two threads rarely share a lock.
+ *
+ * The index uses the initial-exec TLS model: in a shared object the default
+ * model calls __tls_get_addr on every access, twice per schedule+cancel
+ * pair; initial-exec reads it at a fixed offset from the thread pointer
+ * (glibc keeps static TLS room for dlopen()ed objects' few bytes). */
+
+static _Atomic uint32_t next_thread_index;
+static _Thread_local uint32_t thread_index_plus_one BT_TLS_IE;
+
+static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
+    uint32_t i = thread_index_plus_one;
+    if (__builtin_expect(i == 0, 0)) {
+        i = atomic_fetch_add_explicit(&next_thread_index, 1, memory_order_relaxed) + 1;
+        thread_index_plus_one = i;
+    }
+    uint32_t k = i - 1;
+    return k < tt->nbuckets ? k : k % tt->nbuckets; /* no division for the first threads */
+}
+
+/* ---- scheduling ------------------------------------------------------------ */
+
+/* Under the bucket mutex: unlinks the cancelled entries of the bucket's list
+ * and puts their slots straight on its free list.  Runs only when the list
+ * reached prune_at, which then moves to twice what is left, so the work is
+ * amortised O(1) per schedule and the list stays within
+ * max(2 * drain_threshold, 2 * live) even when the timer thread lags. */
+static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
+    struct bt_timer **link = &bk->head;
+    uint32_t kept = 0, removed = 0;
+    while (*link) {
+        struct bt_timer *t = *link;
+        uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+        if (BT_WORD_STATE(w) == BT_S_CANCELLED) {
+            *link = t->next;
+            if (bt__slot_retire(tt, t)) {
+                t->next = bk->free;
+                bk->free = t;
+                bk->nfree++;
+            }
+            removed++;
+        } else {
+            link = &t->next;
+            kept++;
+        }
+    }
+    bk->length = kept;
+    bk->reaped += removed;
+    uint32_t floor = 2 * tt->opt.drain_threshold;
+    bk->prune_at = 2 * kept > floor ? 2 * kept : floor;
+}
+
+static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_native_fn fn,
+                    void *arg, uint64_t *out_id) {
+    if (!tt || !out_id) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD;
+    uint32_t b = bucket_of_caller(tt);
+    struct bt__bucket *bk = &tt->buckets[b];
+    uint64_t seq = atomic_fetch_add_explicit(&tt->seq, 1, memory_order_relaxed);
+
+    pthread_mutex_lock(&bk->mutex);
+    for (;;) {
+        /* Checked under the bucket lock: bt_stop sets the flag and then
+         * takes every bucket lock once, so a schedule either sees the flag
+         * or publishes its timer before bt_stop returns (and bt_drop_all
+         * finds it). */
+        if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) {
+            pthread_mutex_unlock(&bk->mutex);
+            return -ESHUTDOWN;
+        }
+        if (bk->free) break;
+        /* Allocation happens outside the bucket lock (rule 3). */
+        pthread_mutex_unlock(&bk->mutex);
+        int rc = bt__pool_grow(tt, b);
+        if (rc) return rc;
+        pthread_mutex_lock(&bk->mutex);
+    }
+    struct bt_timer *t = bk->free;
+    bk->free = t->next;
+    bk->nfree--;
+    t->deadline = deadline;
+    t->seq = seq;
+    BT_STORE(t->port, port);
+    t->fn = fn;
+    BT_STORE(t->arg, arg);
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
+    uint32_t gen = BT_WORD_GEN(w);
+    /* Release: whoever acquires this word sees the fields above. */
+    atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_PENDING), memory_order_release);
+    t->next = bk->head;
+    bk->head = t;
+    uint32_t len = ++bk->length;
+    bk->scheduled++;
+    if (__builtin_expect(len >= bk->prune_at, 0)) {
+        prune_locked(tt, bk);
+        len = bk->length;
+    }
+    int earlier = deadline < bk->nearest;
+    if (earlier) bk->nearest = deadline;
+    int drain = len >= tt->opt.drain_threshold && (len % tt->opt.drain_threshold) == 0;
+    /* Read before the unlock: after it, the slot may fire and be freed. */
+    uint64_t id = ((uint64_t)gen << 32) | t->slot;
+    pthread_mutex_unlock(&bk->mutex);
+
+    *out_id = id;
+
+    if (tt->opt.manual_clock) {
+        if (drain) bt__request_collect(tt);
+        return 0;
+    }
+    /* Rule 4: only a deadline earlier than the global nearest wakes the
+     * thread; the wake itself happens outside every lock. */
+    int wake = 0;
+    if (earlier || drain) {
+        pthread_mutex_lock(&tt->wake_mutex);
+        if (deadline < tt->nearest) {
+            tt->nearest = deadline;
+            wake = 1;
+        }
+        if (drain) {
+            tt->nearest = INT64_MIN; /* "collect now" */
+            wake = 1;
+        }
+        if (wake) atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->wake_mutex);
+    }
+    if (wake) {
+        atomic_fetch_add_explicit(&bk->wakeups, 1, memory_order_relaxed);
+        bt__futex_wake(&tt->nsignals);
+    }
+    return 0;
+}
+
+int bt_schedule_native(bt_timer_thread *tt, int64_t deadline_ns, bt_native_fn fn, void *arg,
+                       uint64_t *out_id) {
+    if (!fn) return -EINVAL;
+    return schedule(tt, deadline_ns, NULL, fn, arg, out_id);
+}
+
+int bt_schedule_port(bt_timer_thread *tt, int64_t deadline_ns, bt_port *port, void *payload,
+                     uint64_t *out_id) {
+    if (!port || port->tt != tt) return -EINVAL;
+    return schedule(tt, deadline_ns, port, NULL, payload, out_id);
+}
+
+/* ---- cancel (rules 1 and 2) ---------------------------------------------- */
+
+int bt_cancel(bt_timer_thread *tt, uint64_t id) {
+    if (!tt || id == 0 || bt__forked(tt)) return BT_UNKNOWN;
+    struct bt_timer *t = bt__slot(tt, id);
+    if (!t) return BT_UNKNOWN;
+    uint32_t gen = (uint32_t)(id >> 32);
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+    for (;;) {
+        if (BT_WORD_GEN(w) != gen) return BT_UNKNOWN;
+        uint32_t st = BT_WORD_STATE(w);
+        if (st == BT_S_FREE) return BT_UNKNOWN;
+        if (st != BT_S_PENDING && st != BT_S_POSTED) return BT_TOO_LATE;
+        if (atomic_compare_exchange_weak_explicit(&t->word, &w, BT_WORD(gen, BT_S_CANCELLED),
+                                                  memory_order_acq_rel, memory_order_acquire)) {
+            struct bt__bucket *bk = &tt->buckets[bucket_of_caller(tt)];
+            uint64_t n = atomic_fetch_add_explicit(&bk->cancelled, 1, memory_order_relaxed) + 1;
+            /* Rule 5 needs the thread to look at its garbage even when no
+             * schedule or deadline wakes it: every drain_threshold cancels
+             * of one bucket ask it to collect and consider a sweep. */
+            if (__builtin_expect(n % tt->opt.drain_threshold == 0, 0)) bt__request_collect(tt);
+            return BT_CANCELLED;
+        }
+    }
+}
+

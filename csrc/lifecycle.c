@@ -1,0 +1,265 @@
+/*
+ * lifecycle.c -- a core's life: options, creation (its id tag and first
+ * generation), fork, stop, drop and destroy (docs/design.rst, rules 1
+ * and 11).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+
+#include "internal.h"
+
+/* ---- fork (rule 11) -------------------------------------------------------
+ * A child of fork() has none of the parent's threads.  Every core remembers
+ * the fork generation it was created in; a core from an earlier generation
+ * refuses all work without touching its locks (another thread may have held
+ * them at the fork). */
+
+_Atomic uint64_t bt__fork_generation;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void) { atomic_fetch_add(&bt__fork_generation, 1); }
+static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+
+/* ---- ids (rule 1) ----------------------------------------------------------
+ * An id is `generation << 32 | tag << 26 | index`.  The tag names the core:
+ * tags 1..63 are handed out round robin among the tags no live core holds,
+ * so up to 63 cores alive at once have distinct tags and bt_cancel answers
+ * BT_UNKNOWN for another live core's ids without looking at a slot.  A
+ * freed tag goes back to the end of the line.  Past 63 live cores tags are
+ * shared; every core then still starts its slots' generations at its own
+ * random gen0, so another core's id names a live timer only if both its
+ * index and its 32-bit generation happen to match. */
+
+static _Atomic uint64_t tags_in_use; /* bit t: tag t is some live core's own */
+static _Atomic uint32_t tag_cursor;
+
+static void take_tag(bt_timer_thread *tt) {
+    uint32_t start = atomic_fetch_add_explicit(&tag_cursor, 1, memory_order_relaxed);
+    for (uint32_t k = 0; k < BT_TAGS; k++) {
+        uint32_t tag = 1 + (start + k) % BT_TAGS;
+        uint64_t bit = 1ULL << tag;
+        if (!(atomic_fetch_or(&tags_in_use, bit) & bit)) {
+            tt->tag = tag;
+            tt->tag_owned = 1;
+            return;
+        }
+    }
+    tt->tag = 1 + start % BT_TAGS;
+    tt->tag_owned = 0;
+}
+
+static void give_tag(bt_timer_thread *tt) {
+    if (tt->tag_owned) atomic_fetch_and(&tags_in_use, ~(1ULL << tt->tag));
+}
+
+static uint32_t random_gen0(const bt_timer_thread *tt) {
+    uint32_t r;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) == (ssize_t)sizeof(r)) return r;
+    /* No entropy yet (early boot): a mix of the clock and the address. */
+    uint64_t x = (uint64_t)bt_now_ns() ^ ((uint64_t)(uintptr_t)tt << 16);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (uint32_t)x;
+}
+
+/* ---- options and creation ------------------------------------------------ */
+
+void bt_options_init(bt_options *opt) {
+    memset(opt, 0, sizeof(*opt));
+    opt->num_buckets = BT_DEFAULT_BUCKETS;
+    opt->drain_threshold = BT_DEFAULT_DRAIN_THRESHOLD;
+    opt->sweep_min = BT_DEFAULT_SWEEP_MIN;
+}
+
+int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    bt_options opt;
+    bt_options_init(&opt);
+    if (opt_in) {
+        opt = *opt_in;
+        if (!opt.num_buckets) opt.num_buckets = BT_DEFAULT_BUCKETS;
+        if (!opt.drain_threshold) opt.drain_threshold = BT_DEFAULT_DRAIN_THRESHOLD;
+        if (!opt.sweep_min) opt.sweep_min = BT_DEFAULT_SWEEP_MIN;
+    }
+    if (opt.num_buckets > BT_MAX_BUCKETS) return -EINVAL;
+    pthread_once(&atfork_once, install_atfork);
+
+    /* The core is half a megabyte (the slot directory), mmapped like the
+     * slot blocks (pool.c says why not malloc); its pages come zeroed. */
+    bt_timer_thread *tt =
+        mmap(NULL, sizeof(*tt), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (tt == MAP_FAILED) return -ENOMEM;
+    tt->opt = opt;
+    tt->nbuckets = opt.num_buckets;
+    tt->fork_generation = atomic_load(&bt__fork_generation);
+    tt->gen0 = random_gen0(tt);
+    if (posix_memalign((void **)&tt->buckets, 64, sizeof(struct bt__bucket) * tt->nbuckets)) {
+        munmap(tt, sizeof(*tt));
+        return -ENOMEM;
+    }
+    memset(tt->buckets, 0, sizeof(struct bt__bucket) * tt->nbuckets);
+    tt->chains = calloc(tt->nbuckets, sizeof(struct reap_chain));
+    if (!tt->chains) {
+        free(tt->buckets);
+        munmap(tt, sizeof(*tt));
+        return -ENOMEM;
+    }
+    take_tag(tt);
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        pthread_mutex_init(&tt->buckets[b].mutex, NULL);
+        tt->buckets[b].nearest = BT_NEVER;
+        tt->buckets[b].prune_at = 2 * opt.drain_threshold;
+    }
+    bt__pool_init(tt);
+    pthread_mutex_init(&tt->wake_mutex, NULL);
+    pthread_mutex_init(&tt->advance_mutex, NULL);
+    pthread_mutex_init(&tt->ports_mutex, NULL);
+    pthread_mutex_init(&tt->stop_mutex, NULL);
+    tt->nearest = BT_NEVER;
+    tt->sweep_cursor = SIZE_MAX;
+    atomic_init(&tt->manual_now, opt.manual_start_ns);
+
+    int rc = bt_port_open(tt, !opt.manual_clock, &tt->orphans);
+    if (rc) goto fail;
+    if (!opt.manual_clock) {
+        /* The timer thread runs with every signal blocked: signals are the
+         * interpreter's business, on its own threads. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        rc = -pthread_create(&tt->thread, NULL, bt__timer_thread_main, tt);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc) goto fail;
+        tt->started = 1;
+    }
+    *out = tt;
+    return 0;
+fail:
+    tt->started = 0;
+    bt_destroy(tt);
+    return rc;
+}
+
+int32_t bt_is_stopped(bt_timer_thread *tt) {
+    return !tt || bt__forked(tt) || atomic_load_explicit(&tt->stop, memory_order_acquire);
+}
+
+/* ---- stop, drop, destroy (rule 11) ----------------------------------------
+ * bt_stop sets the flag, fences the buckets and joins the thread, one caller
+ * at a time under stop_mutex: every caller returns only once the thread is
+ * joined.  A native callback runs on the thread itself, which cannot join
+ * itself: bt_stop from there sets the flag, fences the buckets and returns;
+ * the pass stops after that callback, the thread leaves its loop, and the
+ * next bt_stop from any other thread (bt_destroy's included) joins it.
+ * bt_destroy from a native callback cannot free what the pass still uses:
+ * it stops the core and leaves the freeing to the thread (or to bt_advance)
+ * once the callback has returned. */
+
+/* A schedule in flight either saw the stop flag or has published its timer
+ * once we hold its bucket's lock. */
+static void fence_buckets(bt_timer_thread *tt) {
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        pthread_mutex_lock(&tt->buckets[b].mutex);
+        pthread_mutex_unlock(&tt->buckets[b].mutex);
+    }
+}
+
+int bt_stop(bt_timer_thread *tt) {
+    if (!tt) return -EINVAL;
+    if (bt__forked(tt)) return 0;
+    pthread_mutex_lock(&tt->wake_mutex);
+    atomic_store(&tt->stop, 1);
+    atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    if (bt__pass_owner == tt) { /* a native callback of this core */
+        fence_buckets(tt);
+        return 0;
+    }
+    pthread_mutex_lock(&tt->stop_mutex);
+    fence_buckets(tt);
+    if (tt->started) {
+        bt__futex_wake(&tt->nsignals);
+        pthread_join(tt->thread, NULL);
+        tt->started = 0;
+    }
+    pthread_mutex_unlock(&tt->stop_mutex);
+    return 0;
+}
+
+int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
+    if (!tt) return -EINVAL;
+    if (bt__forked(tt)) return 0;
+    if (!atomic_load(&tt->stop)) return -EBUSY;
+    /* Walk every slot: PENDING ones sit in lists or the heap, POSTED ones in
+     * ports; both become CANCELLED, and their owners bt__reap them as usual. */
+    int64_t dropped = 0;
+    uint32_t nblocks = atomic_load_explicit(&tt->nblocks, memory_order_acquire);
+    for (uint32_t bl = 0; bl < nblocks; bl++) {
+        struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);
+        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
+            struct bt_timer *t = &block[i];
+            uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+            for (;;) {
+                uint32_t st = BT_WORD_STATE(w);
+                if (st != BT_S_PENDING && st != BT_S_POSTED) break;
+                /* Read before the CAS: once it succeeds the slot's owner may
+                 * retire and reuse it at once.  The acquire load of w made
+                 * the fields of this generation visible; if the slot moved
+                 * on since, the CAS fails. */
+                bt_port *port = BT_LOAD(t->port);
+                void *arg = BT_LOAD(t->arg);
+                if (atomic_compare_exchange_weak_explicit(
+                        &t->word, &w, BT_WORD(BT_WORD_GEN(w), BT_S_CANCELLED),
+                        memory_order_acq_rel, memory_order_acquire)) {
+                    atomic_fetch_add_explicit(&tt->buckets[0].cancelled, 1,
+                                              memory_order_relaxed);
+                    dropped++;
+                    if (on_drop) on_drop(ctx, port, arg);
+                    break;
+                }
+            }
+        }
+    }
+    return dropped;
+}
+
+/* Frees everything; the thread, if any, is joined or is the caller. */
+void bt__destroy_now(bt_timer_thread *tt) {
+    bt_port *p = tt->ports;
+    while (p) {
+        bt_port *next = p->all_next;
+        bt__port_free(p);
+        p = next;
+    }
+    bt__heap_free(&tt->heap);
+    bt__pool_destroy(tt);
+    for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_destroy(&tt->buckets[b].mutex);
+    pthread_mutex_destroy(&tt->wake_mutex);
+    pthread_mutex_destroy(&tt->advance_mutex);
+    pthread_mutex_destroy(&tt->ports_mutex);
+    pthread_mutex_destroy(&tt->stop_mutex);
+    give_tag(tt);
+    free(tt->chains);
+    free(tt->buckets);
+    munmap(tt, sizeof(*tt));
+}
+
+void bt_destroy(bt_timer_thread *tt) {
+    if (!tt) return;
+    if (bt__forked(tt)) return; /* its locks may be held by threads that are gone */
+    bt_stop(tt);
+    if (bt__pass_owner == tt) { /* a native callback: the pass still uses tt */
+        tt->destroy_later = 1;
+        return;
+    }
+    bt__destroy_now(tt);
+}
+

@@ -1,0 +1,158 @@
+/*
+ * timer_thread.c -- the clock, the timer thread's loop (sleep on the futex
+ * until the nearest deadline or an earlier schedule, then a pass) and the
+ * manual clock that runs the same pass without a thread (docs/design.rst,
+ * rules 4, 6 and 9).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <time.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+#include "internal.h"
+
+/* ---- clock (rule 6) ------------------------------------------------------ */
+
+int64_t bt_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t bt_time_ns(bt_timer_thread *tt) {
+    if (tt && tt->opt.manual_clock)
+        return atomic_load_explicit(&tt->manual_now, memory_order_acquire);
+    return bt_now_ns();
+}
+
+/* Seconds beyond which a time is past the int64 range in ns (9.22e9 s):
+ * never, or (negative) as soon as possible. */
+#define BT_SECONDS_RANGE 9.2e9
+
+int64_t bt_deadline_at(double when) {
+    if (when >= BT_SECONDS_RANGE) return BT_NEVER;
+    if (when <= -BT_SECONDS_RANGE) return INT64_MIN / 2;
+    return (int64_t)ceil(when * 1e9);
+}
+
+int64_t bt_deadline_after(int64_t now, double delay) {
+    if (delay > BT_SECONDS_RANGE) return BT_NEVER;
+    if (delay < -BT_SECONDS_RANGE) delay = -BT_SECONDS_RANGE;
+    int64_t d = (int64_t)ceil(delay * 1e9);
+    return d > 0 && d > INT64_MAX - now ? BT_NEVER : now + d; /* saturated */
+}
+
+/* The core whose pass this thread is running (its timer thread, or a
+ * bt_advance), if any: what a native callback that stops or destroys its own
+ * core needs to know (lifecycle.c). */
+_Thread_local bt_timer_thread *bt__pass_owner BT_TLS_IE;
+
+/* ---- the timer thread (rule 4) -------------------------------------------
+ * It collects bucket lists only when one of their deadlines is due (the
+ * global nearest is a lower bound of every list's deadlines) or when a list
+ * passed the drain threshold; otherwise a wake just moves its sleep earlier.
+ * So a burst of schedules far in the future costs one wake, not one per
+ * pass. */
+
+void *bt__timer_thread_main(void *arg) {
+    bt_timer_thread *tt = arg;
+    bt__pass_owner = tt;
+#if defined(__linux__) && defined(PR_SET_TIMERSLACK)
+    /* Linux lets a sleep run up to 50 us past its deadline by default, to
+     * batch wakeups; that slack was most of a timer's lateness.  One
+     * thread per process can afford 1 ns. */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
+    for (;;) {
+        int64_t now = bt_now_ns();
+        int do_collect;
+        pthread_mutex_lock(&tt->wake_mutex);
+        if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) {
+            pthread_mutex_unlock(&tt->wake_mutex);
+            break;
+        }
+        do_collect = bt__collect_requested(tt, now);
+        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->wake_mutex);
+
+        /* Re-read the clock after collecting: never fire on a stale now. */
+        if (do_collect) {
+            bt__collect_lists(tt, 0);
+        }
+        int more_dead = 0;
+        bt__one_pass(tt, bt_now_ns(), 0, BT_DEAD_POP_SLICE, &more_dead);
+        int sweeping = 0;
+        if (tt->sweep_cursor != SIZE_MAX) {
+            bt__sweep_some(tt, BT_SWEEP_SLICE);
+            sweeping = tt->sweep_cursor != SIZE_MAX;
+            atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+        }
+
+        const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
+        int64_t next = top ? top->deadline : BT_NEVER;
+        pthread_mutex_lock(&tt->wake_mutex);
+        if (tt->nearest < next) next = tt->nearest;
+        uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+        int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->wake_mutex);
+        if (stop) break;
+        /* Next slice of garbage after another look at what is due. */
+        if (sweeping || more_dead) continue;
+        now = bt_now_ns();
+        if (next <= now) continue;
+        bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
+    }
+    if (tt->destroy_later) {
+        /* bt_destroy came from one of our callbacks: nobody will join us. */
+        pthread_detach(pthread_self());
+        bt__destroy_now(tt);
+    }
+    return NULL;
+}
+
+/* ---- manual clock (rule 9) ------------------------------------------------ */
+
+int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
+    if (!tt) return -EINVAL;
+    if (!tt->opt.manual_clock) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD;
+    if (atomic_load_explicit(&tt->stop, memory_order_acquire)) return -ESHUTDOWN;
+    pthread_mutex_lock(&tt->advance_mutex);
+    int64_t cur = atomic_load_explicit(&tt->manual_now, memory_order_relaxed);
+    if (now_ns > cur) atomic_store_explicit(&tt->manual_now, now_ns, memory_order_release);
+    else now_ns = cur;
+    int more;
+    bt_timer_thread *outer = bt__pass_owner; /* a native callback of another core's pass */
+    bt__pass_owner = tt;
+    uint64_t fired = bt__one_pass(tt, now_ns, 1, SIZE_MAX, &more);
+    bt__pass_owner = outer;
+    pthread_mutex_unlock(&tt->advance_mutex);
+    if (tt->destroy_later) bt__destroy_now(tt); /* a callback asked for it */
+    return (int64_t)fired;
+}
+
+int64_t bt_next_deadline(bt_timer_thread *tt) {
+    if (!tt || bt__forked(tt)) return BT_NEVER;
+    int64_t next = BT_NEVER;
+    if (tt->opt.manual_clock) {
+        /* Exact: collect, drop dead tops, read the top. */
+        pthread_mutex_lock(&tt->advance_mutex);
+        bt__collect(tt);
+        const struct bt__heap_entry *top;
+        while ((top = bt__heap_top(&tt->heap)) && bt__is_cancelled(top->timer))
+            bt__reap(bt__heap_pop(&tt->heap), tt);
+        bt__flush_reaped(tt);
+        if (top) next = top->deadline;
+        atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->advance_mutex);
+        return next;
+    }
+    pthread_mutex_lock(&tt->wake_mutex);
+    next = tt->nearest;
+    pthread_mutex_unlock(&tt->wake_mutex);
+    return next;
+}
+
