@@ -39,9 +39,46 @@ static void Handle_dealloc(HandleObject *self) {
     Py_DECREF(tp);
 }
 
-HandleObject *handle_alloc(core_state *st) {
+static HandleObject *handle_alloc(core_state *st) {
     HandleObject *h = (HandleObject *)bt_freelist_take(&st->handles, st->Handle_Type);
     return h ? h : PyObject_GC_New(HandleObject, st->Handle_Type);
+}
+
+HandleObject *handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
+                         PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags) {
+    HandleObject *h = handle_alloc(tt->state);
+    if (!h) {
+        Py_DECREF(port);
+        return NULL;
+    }
+    h->tt = (TimerThreadObject *)Py_NewRef(tt);
+    h->port = port;
+    h->id = 0;
+    h->when = when;
+    h->callback = Py_NewRef(cb);
+    h->args = tuple_from_array(args, nargs);
+    /* A Timeout's expiry only calls task.cancel(): it needs no copy of the
+     * context (asyncio's handle would run it in one; nothing reads it). */
+    h->context = context                    ? Py_NewRef(context)
+                 : (flags & SCHED_TIMEOUT) ? NULL
+                                            : PyContext_CopyCurrent();
+    atomic_init(&h->state, H_PENDING);
+    h->compat = (flags & SCHED_COMPAT) != 0;
+    h->cancel_called = 0;
+    h->is_timeout = (flags & SCHED_TIMEOUT) != 0;
+    h->weakreflist = NULL;
+    PyObject_GC_Track(h);
+    if (!h->args || (!h->context && !(flags & SCHED_TIMEOUT))) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    return h;
+}
+
+void handle_abandon(HandleObject *h) {
+    atomic_store(&h->state, H_DROPPED);
+    Py_DECREF(h); /* the slot's */
+    Py_DECREF(h);
 }
 
 /* Drops what a finished handle no longer needs (the tt and port stay, so

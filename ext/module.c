@@ -99,6 +99,27 @@ static int intern_names(core_state *st) {
     return 0;
 }
 
+/* The core's constants (bucketimer.h), for the Python side. */
+static int add_constants(PyObject *m) {
+    static const struct {
+        const char *name;
+        int value;
+    } constants[] = {
+        {"CANCELLED", BT_CANCELLED},
+        {"TOO_LATE", BT_TOO_LATE},
+        {"UNKNOWN", BT_UNKNOWN},
+        {"DEFAULT_BUCKETS", BT_DEFAULT_BUCKETS},
+        {"MAX_BUCKETS", BT_MAX_BUCKETS},
+        {"DEFAULT_DRAIN_THRESHOLD", BT_DEFAULT_DRAIN_THRESHOLD},
+        {"MIN_DRAIN_THRESHOLD", BT_MIN_DRAIN_THRESHOLD},
+        {"DEFAULT_SWEEP_MIN", BT_DEFAULT_SWEEP_MIN},
+        {"HIST_BUCKETS", BT_HIST_BUCKETS},
+    };
+    for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) return -1;
+    return 0;
+}
+
 static int core_exec(PyObject *m) {
     core_state *st = get_state(m);
     bt_freelist_init(&st->handles, st->handle_store, HANDLE_FREELIST, 1);
@@ -107,11 +128,7 @@ static int core_exec(PyObject *m) {
     if (intern_names(st) < 0 || add_types(m, st) < 0 || import_asyncio(st) < 0 ||
         bt_compat_init(&st->compat) < 0)
         return -1;
-    if (PyModule_AddIntConstant(m, "CANCELLED", BT_CANCELLED) < 0 ||
-        PyModule_AddIntConstant(m, "TOO_LATE", BT_TOO_LATE) < 0 ||
-        PyModule_AddIntConstant(m, "UNKNOWN", BT_UNKNOWN) < 0)
-        return -1;
-    return 0;
+    return add_constants(m);
 }
 
 /* ---- traverse, clear, free ------------------------------------------------------ */

@@ -138,23 +138,39 @@ extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Ste
 
 /* ---- across files ------------------------------------------------------- */
 
-/* timer_thread.c */
+/* schedule.c */
 PyObject *raise_errno(int rc, const char *what);
+/* A delay or deadline as seconds: TypeError for what is not a real number
+ * (bool, str, None...), ValueError for NaN; beyond the double range, +-inf. */
 int to_seconds(PyObject *o, const char *what, double *out);
-int check_open(TimerThreadObject *self);
-PortObject *port_for(TimerThreadObject *self, PyObject *loop);
+/* (time, callback, *args) and the keywords context= and, where `loop` is
+ * not NULL, loop=. */
 int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                         int absolute, PyObject **loop, PyObject **context);
-/* flags for schedule_resolved */
+/* The port of `loop` (None: the dispatcher), a new reference. */
+PortObject *port_for(TimerThreadObject *self, PyObject *loop);
 #define SCHED_COMPAT 1  /* asyncio.TimerHandle semantics */
 #define SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
+/* The common tail of every way to schedule: `t` is a parsed delay or
+ * deadline (`absolute`), `loop` the loop it goes to (None: the dispatcher).
+ * A new Handle, or NULL. */
 PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyObject *cb,
                             PyObject *const *cbargs, Py_ssize_t ncbargs, PyObject *loop,
                             PyObject *context, int flags);
+
+/* timer_thread.c */
+int check_open(TimerThreadObject *self);
+/* The process default TimerThread (borrowed), made anew once closed. */
 TimerThreadObject *default_tt(core_state *st);
 
 /* handle.c */
-HandleObject *handle_alloc(core_state *st);
+/* A Handle for cb(*args) delivered through `port` (a reference it takes
+ * over), in `context` (NULL: a copy of the current one; a Timeout's expiry
+ * needs none). */
+HandleObject *handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
+                         PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags);
+/* A Handle the core refused: both its references dropped. */
+void handle_abandon(HandleObject *h);
 void handle_release_callback(HandleObject *self);
 int handle_cancel(HandleObject *self);
 void drop_handle(void *ctx, bt_port *port, void *payload);

@@ -69,6 +69,8 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import _core
+
 __all__ = [
     "CANCELLED",
     "CANCELLED_STATE",
@@ -118,11 +120,11 @@ class Timer:
 @dataclass
 class Reference:
     """The model.  ``drain_threshold`` and ``sweep_min`` are the core's
-    ``bt_options`` fields of the same name (defaults 4096)."""
+    ``bt_options`` fields of the same name (and take the same defaults)."""
 
     start_ns: int = 0
-    drain_threshold: int = 4096
-    sweep_min: int = 4096
+    drain_threshold: int = _core.DEFAULT_DRAIN_THRESHOLD
+    sweep_min: int = _core.DEFAULT_SWEEP_MIN
     nports: int = 1
 
     now: int = field(init=False)

@@ -54,14 +54,17 @@ def _report_to_log(handle: Any, exc: BaseException) -> None:
 class TimerThread(_core.TimerThread):
     """One native timer thread and the timers it keeps.
 
-    ``TimerThread(buckets=13, *, drain_threshold=4096)`` starts the thread.
+    ``TimerThread(buckets=13, *, drain_threshold=4096)`` starts the thread
+    (the defaults are ``_core.DEFAULT_BUCKETS`` and
+    ``_core.DEFAULT_DRAIN_THRESHOLD``).
     Schedule from any thread with :meth:`call_later` / :meth:`call_at`; a
     timer scheduled inside a running event loop (or with ``loop=``) runs in
     that loop's thread, any other on this TimerThread's dispatcher thread.
     :meth:`close` stops the thread; pending timers are dropped, never called.
     """
 
-    def __init__(self, buckets: int = 13, *, drain_threshold: int = 4096) -> None:
+    def __init__(self, buckets: int = _core.DEFAULT_BUCKETS, *,
+                 drain_threshold: int = _core.DEFAULT_DRAIN_THRESHOLD) -> None:
         super().__init__(buckets, drain_threshold=drain_threshold)
         self._lock = threading.RLock()
         self._ports: dict[Any, _core.Port] = {}

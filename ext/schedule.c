@@ -1,0 +1,169 @@
+/*
+ * schedule.c -- what every way of scheduling from Python shares
+ * (TimerThread.call_later/call_at, the drop-in loop's schedulers, a
+ * Timeout's expiry): the arguments, the time, the loop's port, and the
+ * Handle handed to the core.
+ */
+#include "module.h"
+
+PyObject *raise_errno(int rc, const char *what) {
+    if (rc == -ENOMEM) return PyErr_NoMemory();
+    if (rc == -ESHUTDOWN) {
+        PyErr_SetString(PyExc_RuntimeError, "TimerThread is closed");
+        return NULL;
+    }
+    if (rc == -ECHILD) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "TimerThread was created in a parent process; its thread does not "
+                        "exist after fork()");
+        return NULL;
+    }
+    errno = -rc;
+    PyErr_Format(PyExc_OSError, "%s failed: %s", what, strerror(-rc));
+    return NULL;
+}
+
+/* ---- arguments ------------------------------------------------------------------ */
+
+/* Converts a delay or deadline to a double; TypeError for non-numbers (str,
+ * bytes, None, bool), ValueError for NaN. */
+int to_seconds(PyObject *o, const char *what, double *out) {
+    double v;
+    if (PyFloat_CheckExact(o)) {
+        v = PyFloat_AS_DOUBLE(o);
+    } else if (PyBool_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a real number, not bool", what);
+        return -1;
+    } else if (PyLong_Check(o) || PyFloat_Check(o) ||
+               (Py_TYPE(o)->tp_as_number && (Py_TYPE(o)->tp_as_number->nb_float ||
+                                             Py_TYPE(o)->tp_as_number->nb_index))) {
+        v = PyFloat_AsDouble(o);
+        if (v == -1.0 && PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                /* A number beyond the double range (a huge int or
+                 * Fraction): forever if positive, at once if negative.  If
+                 * it cannot even say its sign, the OverflowError stands. */
+                PyObject *exc = PyErr_GetRaisedException();
+                PyObject *zero = PyLong_FromLong(0);
+                int neg = zero ? PyObject_RichCompareBool(o, zero, Py_LT) : -1;
+                Py_XDECREF(zero);
+                if (neg < 0) {
+                    PyErr_Clear();
+                    PyErr_SetRaisedException(exc);
+                    return -1;
+                }
+                Py_DECREF(exc);
+                v = neg ? -INFINITY : INFINITY;
+            } else {
+                return -1;
+            }
+        }
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s must be a real number, not %.100s", what,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    if (isnan(v)) {
+        PyErr_Format(PyExc_ValueError, "%s must not be NaN", what);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The argument shape every call_later/call_at shares: (time, callback,
+ * *args) and the keywords context= and, where `loop` is not NULL, loop=. */
+int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                               int absolute, PyObject **loop, PyObject **context) {
+    const char *name = absolute ? "call_at" : "call_later";
+    if (nargs < 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes a %s and a callback", name,
+                     absolute ? "deadline" : "delay");
+        return -1;
+    }
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (loop && PyUnicode_CompareWithASCIIString(k, "loop") == 0) *loop = args[nargs + i];
+        else if (PyUnicode_CompareWithASCIIString(k, "context") == 0) *context = args[nargs + i];
+        else {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, k);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- where it goes ------------------------------------------------------------- */
+
+/* Finds the port for `loop` (None: the dispatcher).  New reference: once
+ * the GIL is let go (an allocation can run a finalizer), another thread may
+ * detach the loop's port and drop every other reference to it. */
+PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
+#ifndef Py_GIL_DISABLED
+    if (loop == self->cached_loop && self->cached_port && bt_port_fd(self->cached_port->port) >= 0)
+        return (PortObject *)Py_NewRef(self->cached_port);
+    if (loop == Py_None && self->dispatcher) return (PortObject *)Py_NewRef(self->dispatcher);
+#endif
+    PyObject *p = PyObject_CallMethodOneArg((PyObject *)self, self->state->str_port_for, loop);
+    if (!p) return NULL;
+    if (!Py_IS_TYPE(p, self->state->Port_Type) || ((PortObject *)p)->tt != self) {
+        Py_DECREF(p);
+        PyErr_SetString(PyExc_TypeError, "_port_for must return a Port of this TimerThread");
+        return NULL;
+    }
+#ifndef Py_GIL_DISABLED
+    if (loop == Py_None) {
+        Py_XSETREF(self->dispatcher, (PortObject *)Py_NewRef(p));
+    } else {
+        Py_XSETREF(self->cached_loop, Py_NewRef(loop));
+        Py_XSETREF(self->cached_port, (PortObject *)Py_NewRef(p));
+    }
+#endif
+    return (PortObject *)p;
+}
+
+/* ---- the hand-over ------------------------------------------------------------- */
+
+/* The callback and context, checked (a Timeout's expiry is its own). */
+static int check_target(PyObject *cb, PyObject **context, int flags) {
+    if (!(flags & SCHED_TIMEOUT) && !PyCallable_Check(cb)) {
+        PyErr_Format(PyExc_TypeError, "callback must be callable, not %.100s",
+                     Py_TYPE(cb)->tp_name);
+        return -1;
+    }
+    if (*context == Py_None) *context = NULL;
+    if (*context && !PyContext_CheckExact(*context)) {
+        PyErr_Format(PyExc_TypeError, "context must be a contextvars.Context, not %.100s",
+                     Py_TYPE(*context)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyObject *cb,
+                            PyObject *const *cbargs, Py_ssize_t ncbargs, PyObject *loop,
+                            PyObject *context, int flags) {
+    if (check_target(cb, &context, flags) < 0) return NULL;
+    PortObject *port = port_for(self, loop);
+    if (!port) return NULL;
+    int64_t deadline;
+    double when;
+    if (absolute) {
+        deadline = bt_deadline_at(t);
+        when = t;
+    } else {
+        int64_t now = bt_now_ns();
+        deadline = bt_deadline_after(now, t);
+        when = deadline == INT64_MAX ? INFINITY : (double)now / 1e9 + t;
+    }
+    HandleObject *h = handle_new(self, port, when, cb, cbargs, ncbargs, context, flags);
+    if (!h) return NULL;
+    Py_INCREF(h); /* the slot's reference, handed over at schedule */
+    int rc = bt_schedule_port(self->core, deadline, port->port, h, &h->id);
+    if (rc) {
+        handle_abandon(h);
+        return raise_errno(rc, absolute ? "call_at" : "call_later");
+    }
+    return (PyObject *)h;
+}
