@@ -558,7 +558,8 @@ static void test_stop_from_a_native_callback(void) {
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     struct stopper st = {tt, 0, -1, 0, 1};
-    int64_t at = bt_now_ns() + 5 * MS;
+    /* far enough for both schedules to land first, even under TSan */
+    int64_t at = bt_now_ns() + 100 * MS;
     struct rec_arg a = {&rec, at, 0, tt};
     uint64_t id;
     CHECK(bt_schedule_native(tt, at, stop_self, &st, &id) == 0);
