@@ -67,8 +67,8 @@ static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
     bk->prune_at = 2 * kept > floor ? 2 * kept : floor;
 }
 
-static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_native_fn fn,
-                    void *arg, uint64_t *out_id) {
+static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int native, void *arg,
+                    uint64_t *out_id) {
     if (!tt || !out_id) return -EINVAL;
     if (bt__forked(tt)) return -ECHILD;
     uint32_t b = bucket_of_caller(tt);
@@ -95,10 +95,10 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_nat
     struct bt_timer *t = bk->free;
     bk->free = t->next;
     bk->nfree--;
-    t->deadline = deadline;
+    BT_STORE(t->deadline, deadline);
     t->seq = seq;
-    BT_STORE(t->port, port);
-    t->fn = fn;
+    BT_STORE(t->target, target);
+    BT_STORE(t->native, (uint16_t)native);
     BT_STORE(t->arg, arg);
     uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
     uint32_t gen = BT_WORD_GEN(w);
@@ -151,13 +151,14 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, bt_port *port, bt_nat
 int bt_schedule_native(bt_timer_thread *tt, int64_t deadline_ns, bt_native_fn fn, void *arg,
                        uint64_t *out_id) {
     if (!fn) return -EINVAL;
-    return schedule(tt, deadline_ns, NULL, fn, arg, out_id);
+    union bt__fn_ptr f = {.fn = fn};
+    return schedule(tt, deadline_ns, f.p, 1, arg, out_id);
 }
 
 int bt_schedule_port(bt_timer_thread *tt, int64_t deadline_ns, bt_port *port, void *payload,
                      uint64_t *out_id) {
     if (!port || port->tt != tt) return -EINVAL;
-    return schedule(tt, deadline_ns, port, NULL, payload, out_id);
+    return schedule(tt, deadline_ns, port, 0, payload, out_id);
 }
 
 /* ---- cancel (rules 1 and 2) ---------------------------------------------- */
@@ -186,3 +187,47 @@ int bt_cancel(bt_timer_thread *tt, uint64_t id) {
     }
 }
 
+
+/* ---- postpone (rule 12) ---------------------------------------------------
+ * A later deadline, in place: the slot keeps its place in the list or the
+ * heap (its `deadline`, the key) and gets moved_to and BT_F_MOVED.  The pass
+ * applies the move when it collects the slot or pops it at its old key: the
+ * key becomes moved_to, the flag is cleared, and the slot goes back in the
+ * heap.  Postpones and that application hold the slot's home bucket mutex,
+ * so the pass only ever reads a moved_to some postpone committed; fire and
+ * cancel do not take it, and race a postpone through the word's CAS.  Only
+ * later deadlines: an earlier one would have to come up the heap before the
+ * old key does (BT_EARLIER: cancel and schedule instead). */
+
+int bt_postpone(bt_timer_thread *tt, uint64_t id, int64_t deadline_ns) {
+    if (!tt || id == 0 || bt__forked(tt)) return BT_UNKNOWN;
+    struct bt_timer *t = bt__slot(tt, id);
+    if (!t) return BT_UNKNOWN;
+    uint32_t gen = (uint32_t)(id >> 32);
+    struct bt__bucket *bk = &tt->buckets[t->bucket];
+    pthread_mutex_lock(&bk->mutex);
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+    int rc;
+    for (;;) {
+        if (BT_WORD_GEN(w) != gen || BT_WORD_STATE(w) == BT_S_FREE) {
+            rc = BT_UNKNOWN;
+        } else if (BT_WORD_STATE(w) != BT_S_PENDING) {
+            rc = BT_TOO_LATE;
+        } else if (deadline_ns < BT_LOAD(t->deadline)) {
+            rc = BT_EARLIER;
+        } else {
+            BT_STORE(t->moved_to, deadline_ns);
+            /* Release: whoever sees the flag sees moved_to.  Only a fire or
+             * a cancel can change the word meanwhile. */
+            if (!atomic_compare_exchange_weak_explicit(&t->word, &w, w | BT_F_MOVED,
+                                                       memory_order_release,
+                                                       memory_order_acquire))
+                continue;
+            bk->postponed++;
+            rc = BT_POSTPONED;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&bk->mutex);
+    return rc;
+}

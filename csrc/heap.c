@@ -56,7 +56,7 @@ int bt__heap_reserve(struct bt__heap *h, size_t n) {
 
 int bt__heap_push(struct bt__heap *h, struct bt_timer *t) {
     if (bt__heap_reserve(h, 1)) return -ENOMEM;
-    h->v[h->size].deadline = t->deadline;
+    h->v[h->size].deadline = BT_LOAD(t->deadline);
     h->v[h->size].seq = t->seq;
     h->v[h->size].timer = t;
     sift_up(h, h->size++);

@@ -32,9 +32,10 @@
 #define BT_INDEX_MASK ((1u << BT_INDEX_BITS) - 1u)
 #define BT_TAGS 63u
 
-/* The low 8 bits of a slot's state word hold its state; the high 32 its
- * generation.  Every transition is a CAS on the whole word, so a cancel with a
- * stale generation can never change a reused slot. */
+/* A slot's state word: its generation in the high 32 bits, its state in the
+ * low 8, and the BT_F_MOVED flag.  Every transition is a CAS on the whole
+ * word, so a cancel with a stale generation can never change a reused
+ * slot. */
 enum bt__state {
     BT_S_FREE = 0,
     BT_S_PENDING = 1,
@@ -44,25 +45,48 @@ enum bt__state {
     BT_S_CANCELLED = 5
 };
 
+#define BT_F_MOVED 0x100u /* PENDING, postponed to moved_to: its key is stale */
+
 #define BT_WORD(gen, st) (((uint64_t)(gen) << 32) | (uint64_t)(st))
 #define BT_WORD_GEN(w) ((uint32_t)((w) >> 32))
 #define BT_WORD_STATE(w) ((uint32_t)((w)&0xffu))
 
-/* One timer.  64 bytes: one cache line. */
+/* One timer.  64 bytes: one cache line.
+ *
+ * target, arg and native are read by bt_drop_all before it owns the slot,
+ * so they are relaxed atomics (plain moves on x86); a scheduler writes them
+ * before the release store that publishes PENDING.  deadline (the key of
+ * its place in the bucket list or the heap) and moved_to are written under
+ * the home bucket's mutex: by the scheduler, by bt_postpone, and by the pass
+ * applying a postpone; the pass and consumers read them without it. */
 struct bt_timer {
-    _Atomic uint64_t word;  /* generation << 32 | state */
-    int64_t deadline;       /* CLOCK_MONOTONIC ns */
-    uint64_t seq;           /* schedule order; breaks deadline ties */
-    struct bt_timer *next;  /* bucket list, free list or port queue link */
-    /* port and arg are read by bt_drop_all before it owns the slot, so they
-     * are relaxed atomics (plain moves on x86); only a scheduler writes them,
-     * before the release store that publishes PENDING. */
-    _Atomic(bt_port *) port; /* NULL: native timer */
-    bt_native_fn fn;        /* native timers */
-    _Atomic(void *) arg;    /* native arg, or port payload */
-    uint32_t slot;          /* low word of its ids: core tag << 26 | index */
-    uint32_t bucket;        /* home bucket: where the slot is freed to */
+    _Atomic uint64_t word;     /* see above */
+    _Atomic int64_t deadline;  /* CLOCK_MONOTONIC ns: the heap key */
+    uint64_t seq;              /* schedule order; breaks deadline ties */
+    struct bt_timer *next;     /* bucket list, free list or port queue link */
+    _Atomic(void *) target;    /* its port, or (native) its function */
+    _Atomic(void *) arg;       /* the port's payload, or the function's argument */
+    _Atomic int64_t moved_to;  /* the deadline a postpone set (BT_F_MOVED) */
+    uint32_t slot;             /* low word of its ids: core tag << 26 | index */
+    uint16_t bucket;           /* home bucket: where the slot is freed to */
+    _Atomic uint16_t native;   /* target is a bt_native_fn */
 };
+
+_Static_assert(sizeof(struct bt_timer) == 64, "a slot is one cache line");
+
+/* A native function in a void * (POSIX lets function pointers round-trip
+ * through one; a union says so without a cast ISO C frowns on). */
+union bt__fn_ptr {
+    bt_native_fn fn;
+    void *p;
+};
+
+/* The port of a port timer, or NULL for a native one. */
+static inline bt_port *bt__port_of(struct bt_timer *t) {
+    return atomic_load_explicit(&t->native, memory_order_relaxed)
+               ? NULL
+               : (bt_port *)atomic_load_explicit(&t->target, memory_order_relaxed);
+}
 
 /* A bucket: what callers of one thread-hash touch.  Padded so two buckets
  * never share a cache line. */
@@ -79,6 +103,7 @@ struct bt__bucket {
     /* counters written under the mutex */
     uint64_t scheduled;
     uint64_t reaped;
+    uint64_t postponed;
     /* written by any thread whose bucket this is, relaxed atomics */
     _Atomic uint64_t cancelled;
     _Atomic uint64_t wakeups;
@@ -268,6 +293,10 @@ void bt__sweep_some(bt_timer_thread *tt, size_t budget);
 /* Collects if asked, fires what is due at `now`; returns how many fired. */
 uint64_t bt__one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
                       int *more);
+/* Drops cancelled entries from the top of the heap and applies postpones
+ * found there, until the top is a live timer at its true deadline (or the
+ * heap is empty: NULL). */
+const struct bt__heap_entry *bt__settle_top(bt_timer_thread *tt);
 /* Asks for a collect pass (a full list, or enough cancels), from any thread. */
 void bt__request_collect(bt_timer_thread *tt);
 /* A cancelled slot, to its bucket at the end of the pass (ctx: the core). */

@@ -214,7 +214,7 @@ int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
                  * retire and reuse it at once.  The acquire load of w made
                  * the fields of this generation visible; if the slot moved
                  * on since, the CAS fails. */
-                bt_port *port = BT_LOAD(t->port);
+                bt_port *port = bt__port_of(t);
                 void *arg = BT_LOAD(t->arg);
                 if (atomic_compare_exchange_weak_explicit(
                         &t->word, &w, BT_WORD(BT_WORD_GEN(w), BT_S_CANCELLED),

@@ -51,11 +51,12 @@ static void give_back(bt_timer_thread *tt, uint32_t b, struct bt_timer *t) {
     struct bt__bucket *bk = &tt->buckets[b];
     struct bt_timer *last = t;
     uint32_t n = 1;
-    int64_t nearest = t->deadline;
+    int64_t nearest = BT_LOAD(t->deadline);
     while (last->next) {
         last = last->next;
         n++;
-        if (last->deadline < nearest) nearest = last->deadline;
+        int64_t d = BT_LOAD(last->deadline);
+        if (d < nearest) nearest = d;
     }
     pthread_mutex_lock(&bk->mutex);
     last->next = bk->head;
@@ -66,6 +67,32 @@ static void give_back(bt_timer_thread *tt, uint32_t b, struct bt_timer *t) {
     pthread_mutex_lock(&tt->wake_mutex);
     if (nearest < tt->nearest) tt->nearest = nearest;
     pthread_mutex_unlock(&tt->wake_mutex);
+}
+
+/* Applies a postpone to t, which the pass holds (popped, or collected): its
+ * key becomes moved_to (bucket.c, "postpone").  0 if a cancel won meanwhile
+ * and t was reaped. */
+static int apply_move(bt_timer_thread *tt, struct bt_timer *t) {
+    struct bt__bucket *bk = &tt->buckets[t->bucket];
+    pthread_mutex_lock(&bk->mutex);
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+    while (BT_WORD_STATE(w) == BT_S_PENDING && (w & BT_F_MOVED)) {
+        BT_STORE(t->deadline, BT_LOAD(t->moved_to));
+        /* Only a cancel can change the word meanwhile (postpones wait for
+         * the mutex); release: a postpone that sees the flag clear sees
+         * the new key. */
+        if (atomic_compare_exchange_weak_explicit(&t->word, &w, w & ~(uint64_t)BT_F_MOVED,
+                                                  memory_order_acq_rel, memory_order_acquire))
+            break;
+    }
+    pthread_mutex_unlock(&bk->mutex);
+    if (BT_WORD_STATE(w) == BT_S_PENDING) return 1;
+    bt__reap(t, tt);
+    return 0;
+}
+
+static inline int is_moved(struct bt_timer *t) {
+    return (atomic_load_explicit(&t->word, memory_order_relaxed) & BT_F_MOVED) != 0;
 }
 
 /* Moves every bucket list into the heap, reaping cancelled timers on the way.
@@ -101,6 +128,8 @@ void bt__collect(bt_timer_thread *tt) {
             next = t->next;
             if (bt__is_cancelled(t)) {
                 bt__reap(t, tt);
+            } else if (is_moved(t) && !apply_move(tt, t)) {
+                continue;
             } else if (bt__heap_push(&tt->heap, t)) {
                 give_back(tt, b, t);
                 break;
@@ -191,7 +220,7 @@ void bt__collect_lists(bt_timer_thread *tt, int sweep_now) {
 
 /* Adds a fired timer to its port's batch for this pass. */
 static void stage_post(bt_timer_thread *tt, struct bt_timer *t) {
-    bt_port *p = BT_LOAD(t->port);
+    bt_port *p = BT_LOAD(t->target);
     t->next = p->pass_head; /* newest first, as the port's stack wants */
     p->pass_head = t;
     if (!p->pass_tail) p->pass_tail = t;
@@ -259,6 +288,58 @@ static int pull_again(bt_timer_thread *tt, int64_t now) {
     return do_collect;
 }
 
+/* What became of a timer popped because it is due. */
+enum claim { CLAIM_DEAD, CLAIM_MOVED, CLAIM_FIRED };
+
+/* A popped, due timer: PENDING -> POSTED (a port's) or RUNNING (a native
+ * one).  A postponed one gets its new key (the caller puts it back), a
+ * cancelled one is reaped. */
+static enum claim claim_due(bt_timer_thread *tt, struct bt_timer *t, int native) {
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+    for (;;) {
+        if (BT_WORD_STATE(w) != BT_S_PENDING) {
+            bt__reap(t, tt);
+            return CLAIM_DEAD;
+        }
+        if (w & BT_F_MOVED) return apply_move(tt, t) ? CLAIM_MOVED : CLAIM_DEAD;
+        uint64_t to = BT_WORD(BT_WORD_GEN(w), native ? BT_S_RUNNING : BT_S_POSTED);
+        if (atomic_compare_exchange_strong_explicit(&t->word, &w, to, memory_order_acq_rel,
+                                                    memory_order_acquire))
+            return CLAIM_FIRED;
+    }
+}
+
+const struct bt__heap_entry *bt__settle_top(bt_timer_thread *tt) {
+    const struct bt__heap_entry *top;
+    while ((top = bt__heap_top(&tt->heap)) != NULL) {
+        struct bt_timer *t = top->timer;
+        if (bt__is_cancelled(t)) {
+            bt__reap(bt__heap_pop(&tt->heap), tt);
+        } else if (is_moved(t)) {
+            bt__heap_pop(&tt->heap);
+            if (apply_move(tt, t)) bt__heap_push(&tt->heap, t); /* room: just popped */
+        } else {
+            break;
+        }
+    }
+    return top;
+}
+
+/* Runs a claimed native timer on this thread, after handing the ports what
+ * is staged (a native callback may be slow). */
+static void run_native(bt_timer_thread *tt, struct bt_timer *t, uint64_t *fired,
+                       uint64_t *posted) {
+    uint32_t gen = BT_WORD_GEN(atomic_load_explicit(&t->word, memory_order_relaxed));
+    int64_t late = bt__lateness(bt_time_ns(tt), BT_LOAD(t->deadline));
+    if (late < 0) bt__bump(&tt->early_native, 1);
+    bt__hist_add(tt->hist_native, late);
+    publish_posts(tt, fired, posted);
+    union bt__fn_ptr f = {.p = BT_LOAD(t->target)};
+    f.fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);
+    bt__bump(&tt->ran_native, 1);
+    if (bt__slot_retire(tt, t)) bt__pool_free_chain(tt, t->bucket, t, t, 1);
+}
+
 /* Pops and fires every timer due at `now`, dropping cancelled entries that
  * reach the top on the way.  At most dead_budget of those are dropped per
  * call: a million cancelled timers at the top would otherwise hold up, for
@@ -283,54 +364,32 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
         }
         if (top->deadline > now) break; /* rule 6: due means deadline <= now */
         bt__heap_pop(&tt->heap);
-        uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
-        uint32_t gen = BT_WORD_GEN(w);
-        uint64_t expected = BT_WORD(gen, BT_S_PENDING);
-        if (BT_LOAD(t->port)) {
-            if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
-                                                         BT_WORD(gen, BT_S_POSTED),
-                                                         memory_order_acq_rel,
-                                                         memory_order_acquire)) {
-                bt__reap(t, tt);
-                continue;
-            }
-            stage_post(tt, t);
-            posted++;
-            fired++;
-            total++;
-            if (++since_look == PULL_EVERY) {
-                since_look = 0;
-                /* Only timers due at the pass's start can join it, so only
-                 * schedulers with deadlines in the past keep it going: post
-                 * what is staged before taking more, and let bt_stop end it. */
-                if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
-                if (pull_again(tt, now)) {
-                    publish_posts(tt, &fired, &posted);
-                    bt__collect_lists(tt, 0);
-                }
-            }
-        } else {
-            if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
-                                                         BT_WORD(gen, BT_S_RUNNING),
-                                                         memory_order_acq_rel,
-                                                         memory_order_acquire)) {
-                bt__reap(t, tt);
-                continue;
-            }
-            fired++;
-            total++;
-            int64_t late = bt__lateness(bt_time_ns(tt), t->deadline);
-            if (late < 0) bt__bump(&tt->early_native, 1);
-            bt__hist_add(tt->hist_native, late);
-            /* Post what is staged first: a native callback may be slow. */
-            publish_posts(tt, &fired, &posted);
-            t->fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);
-            bt__bump(&tt->ran_native, 1);
-            if (bt__slot_retire(tt, t)) bt__pool_free_chain(tt, t->bucket, t, t, 1);
+        int native = BT_LOAD(t->native);
+        enum claim c = claim_due(tt, t, native);
+        if (c == CLAIM_MOVED) bt__heap_push(&tt->heap, t); /* room: it was just popped */
+        if (c != CLAIM_FIRED) continue;
+        fired++;
+        total++;
+        if (native) {
+            run_native(tt, t, &fired, &posted);
             /* A callback that stopped the core: nothing more runs. */
             if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
             since_look = 0;
             if (pull_again(tt, now)) bt__collect_lists(tt, 0);
+            continue;
+        }
+        stage_post(tt, t);
+        posted++;
+        if (++since_look == PULL_EVERY) {
+            since_look = 0;
+            /* Only timers due at the pass's start can join it, so only
+             * schedulers with deadlines in the past keep it going: post what
+             * is staged before taking more, and let bt_stop end it. */
+            if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
+            if (pull_again(tt, now)) {
+                publish_posts(tt, &fired, &posted);
+                bt__collect_lists(tt, 0);
+            }
         }
     }
     publish_posts(tt, &fired, &posted);

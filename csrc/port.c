@@ -208,7 +208,7 @@ uint64_t bt_timer_id(bt_timer *t) {
 
 void *bt_timer_payload(bt_timer *t) { return BT_LOAD(t->arg); }
 
-int64_t bt_timer_deadline(bt_timer *t) { return t->deadline; }
+int64_t bt_timer_deadline(bt_timer *t) { return BT_LOAD(t->deadline); }
 
 void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness) {
     int i = 0;
@@ -228,7 +228,7 @@ int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
                                                  memory_order_acq_rel,
                                                  memory_order_acquire))
         return 0;
-    int64_t late = bt__lateness(bt_time_ns(port->tt), t->deadline);
+    int64_t late = bt__lateness(bt_time_ns(port->tt), BT_LOAD(t->deadline));
     if (late < 0) bt__bump(&port->early, 1);
     bt__hist_add(port->hist, late);
     bt__bump(&port->ran, 1);

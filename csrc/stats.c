@@ -19,6 +19,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
         s->list_size += bk->length;
         s->slots_free += bk->nfree;
         s->reaped += bk->reaped;
+        s->postponed += bk->postponed;
         pthread_mutex_unlock(&bk->mutex);
         s->cancelled += atomic_load_explicit(&bk->cancelled, memory_order_relaxed);
         s->wakeups += atomic_load_explicit(&bk->wakeups, memory_order_relaxed);

@@ -138,12 +138,10 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     if (!tt || bt__forked(tt)) return BT_NEVER;
     int64_t next = BT_NEVER;
     if (tt->opt.manual_clock) {
-        /* Exact: collect, drop dead tops, read the top. */
+        /* Exact: collect, settle the top, read it. */
         pthread_mutex_lock(&tt->advance_mutex);
         bt__collect(tt);
-        const struct bt__heap_entry *top;
-        while ((top = bt__heap_top(&tt->heap)) && bt__is_cancelled(top->timer))
-            bt__reap(bt__heap_pop(&tt->heap), tt);
+        const struct bt__heap_entry *top = bt__settle_top(tt);
         bt__flush_reaped(tt);
         if (top) next = top->deadline;
         atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);

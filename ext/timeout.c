@@ -181,6 +181,35 @@ static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     return 0;
 }
 
+/* reschedule() to a later deadline, in place: the expiry Handle stays and
+ * the core moves its timer (bt_postpone), leaving no cancelled entry behind.
+ * 1: done; 0: not here (no Handle of ours pending on the running loop, a
+ * deadline not a plain number or already reached, or earlier than the armed
+ * one): the caller disarms and arms, as asyncio does; -1: error. */
+static int timeout_postpone(TimeoutObject *self, PyObject *when) {
+    core_state *st = self->st;
+    HandleObject *h = (HandleObject *)self->handler;
+    if (!h || !Py_IS_TYPE(h, st->Handle_Type) ||
+        atomic_load_explicit(&h->state, memory_order_acquire) != H_PENDING)
+        return 0;
+    if (!PyFloat_CheckExact(when) && !PyLong_CheckExact(when)) return 0;
+    double t = PyFloat_CheckExact(when) ? PyFloat_AS_DOUBLE(when) : PyLong_AsDouble(when);
+    if (t == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear(); /* the general path raises it, in asyncio's order */
+        return 0;
+    }
+    PyObject *loop = bt_running_loop(&st->compat);
+    if (!loop) return -1;
+    int ours = loop == h->port->loop;
+    int past = ours ? deadline_reached(st, loop, when, -1) : 0;
+    Py_DECREF(loop);
+    if (past < 0) return -1;
+    if (!ours || past || isnan(t)) return 0;
+    if (bt_postpone(h->tt->core, h->id, bt_deadline_at(t)) != BT_POSTPONED) return 0;
+    h->when = t;
+    return 1;
+}
+
 static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
     if (self->state != T_ENTERED) {
         if (self->state == T_CREATED)
@@ -191,6 +220,11 @@ static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
         return NULL;
     }
     Py_SETREF(self->when, Py_NewRef(when));
+    if (when != Py_None) {
+        int moved = timeout_postpone(self, when);
+        if (moved < 0) return NULL;
+        if (moved) Py_RETURN_NONE;
+    }
     if (timeout_disarm(self) < 0) return NULL;
     if (when == Py_None) Py_RETURN_NONE;
     PyObject *loop = need_running_loop(self->st);

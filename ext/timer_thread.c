@@ -173,12 +173,12 @@ static PyObject *TimerThread_stats(TimerThreadObject *self, PyObject *Py_UNUSED(
     for (int i = 0; i < BT_HIST_BUCKETS; i++)
         PyList_SET_ITEM(hist, i, PyLong_FromUnsignedLongLong(s.lateness_hist[i]));
 #define K(field) #field, (unsigned long long)s.field
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsN}", K(scheduled),
-                         K(cancelled), K(fired), K(posted), K(ran), K(dropped), K(wakeups),
-                         K(passes), K(eventfd_writes), K(drains), K(sweeps), K(reaped),
-                         K(heap_size), K(list_size), K(dead), K(slots), K(slots_free),
-                         K(slots_retired), K(ports), K(buckets), K(early_fires),
-                         "lateness_hist", hist);
+    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsN}", K(scheduled),
+                         K(cancelled), K(postponed), K(fired), K(posted), K(ran), K(dropped),
+                         K(wakeups), K(passes), K(eventfd_writes), K(drains), K(sweeps),
+                         K(reaped), K(heap_size), K(list_size), K(dead), K(slots),
+                         K(slots_free), K(slots_retired), K(ports), K(buckets),
+                         K(early_fires), "lateness_hist", hist);
 #undef K
 }
 

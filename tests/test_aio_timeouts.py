@@ -1177,6 +1177,61 @@ def test_timer_lives_in_the_core():
         assert r.run(main()) == 2
 
 
+def test_reschedule_later_moves_the_timer_in_place():
+    """A later deadline moves the armed timer in the core (an idle timeout
+    reset on every message): no new timer, no cancelled entry left behind,
+    no allocation, and it still fires at the last deadline, never before."""
+    tt = bucketimer.default_timer_thread()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with aio.timeout(30) as cm:
+            whens = [loop.time() + 30 + i * 1e-6 for i in range(2000)]
+            cm.reschedule(whens[0])  # warm: everything below exists already
+            before, blocks = tt.stats(), sys.getallocatedblocks()
+            for when in whens:
+                cm.reschedule(when)
+            grew = sys.getallocatedblocks() - blocks
+            after = tt.stats()
+        moved = {k: after[k] - before[k] for k in ("scheduled", "cancelled", "postponed", "dead")}
+        # ... and the moved timer fires at its last deadline
+        t0 = loop.time()
+        with pytest.raises(TimeoutError):
+            async with aio.timeout(30) as cm:
+                for i in range(50):
+                    cm.reschedule(loop.time() + 0.02)
+                    await asyncio.sleep(0.001)
+                last = cm.when()
+                await asyncio.sleep(10)
+        return moved, grew, loop.time() >= last, loop.time() - t0
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        moved, grew, not_early, elapsed = r.run(main())
+    assert moved == {"scheduled": 0, "cancelled": 0, "postponed": 2000, "dead": 0}
+    assert grew < 10, grew
+    assert not_early
+    assert elapsed < 5
+
+
+def test_reschedule_earlier_or_past_rearms():
+    """An earlier or already-passed deadline cannot move the timer in place:
+    it is re-armed (asyncio's way), and fires when asked."""
+    tt = bucketimer.default_timer_thread()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        before = tt.stats()
+        with pytest.raises(TimeoutError):
+            async with aio.timeout(30) as cm:
+                cm.reschedule(loop.time() + 0.01)  # earlier: re-armed
+                await asyncio.sleep(10)
+        after = tt.stats()
+        return after["scheduled"] - before["scheduled"], after["postponed"] - before["postponed"]
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        assert r.run(main()) == (2, 0)
+
+
 def test_timer_thread_replaced_after_close():
     """When the default TimerThread is closed, the helpers move to the new one."""
 

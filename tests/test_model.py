@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 
 from bucketimer import _cffi
 from bucketimer import _reference as ref_mod
-from bucketimer._reference import CANCELLED, NEVER, TOO_LATE, UNKNOWN, Reference
+from bucketimer._reference import CANCELLED, EARLIER, NEVER, TOO_LATE, UNKNOWN, Reference
 
 ffi, lib = _cffi.ffi, _cffi.lib
 
@@ -41,6 +41,7 @@ MAX_DRAIN = 1 << 12
 # test_lateness_does_not_overflow for what happens beyond).
 END_OF_TIME = INT64_MAX - (1 << 41)
 CANCEL_NAMES = {CANCELLED: "CANCELLED", TOO_LATE: "TOO_LATE", UNKNOWN: "UNKNOWN"}
+POSTPONE_NAMES = {0: "POSTPONED", TOO_LATE: "TOO_LATE", UNKNOWN: "UNKNOWN", EARLIER: "EARLIER"}
 
 # Absolute deadlines: few distinct values, so equal deadlines are common; some
 # in the past of the start, one "never".
@@ -92,6 +93,9 @@ class Core:
 
     def cancel(self, core_id: int) -> int:
         return lib.bt_cancel(self.tt, core_id)
+
+    def postpone(self, core_id: int, deadline: int) -> int:
+        return lib.bt_postpone(self.tt, core_id, deadline)
 
     def advance(self, now: int) -> int:
         n = lib.bt_advance(self.tt, now)
@@ -254,6 +258,27 @@ class CoreVsReference(RuleBasedStateMachine):
         # After two cancels, neither can be CANCELLED twice.
         assert ref_rc != CANCELLED
 
+    @rule(tid=timers, delta=st.one_of(st.integers(-20, -1), st.integers(0, 50),
+                                      st.integers(0, 1 << 20)))
+    def postpone(self, tid: int, delta: int) -> None:
+        """bt_postpone by `delta` from the model's idea of the deadline:
+        earlier ones must be refused, later ones move the timer."""
+        deadline = _clamp(self.ref.deadlines[tid] + delta)
+        core_rc = self.core.postpone(self.ref_to_core[tid], deadline)
+        ref_rc = self.ref.postpone(tid, deadline)
+        event(f"postpone: {POSTPONE_NAMES[ref_rc]}")
+        assert core_rc == ref_rc, (
+            f"postpone #{tid} to {deadline} (state {self.ref.state(tid)}): core says "
+            f"{POSTPONE_NAMES.get(core_rc, core_rc)}, model {POSTPONE_NAMES[ref_rc]}"
+        )
+
+    @rule(tid=timers, steps=st.integers(1, 30))
+    def postpone_repeatedly(self, tid: int, steps: int) -> None:
+        # An idle timeout reset on every message, the clock moving meanwhile.
+        for _ in range(steps):
+            self.postpone(tid, 7)
+            self._advance(min(self.ref.now + 3, END_OF_TIME))
+
     @rule(
         kind=st.sampled_from(
             ["zero", "tag0", "future_gen", "foreign_tag", "slot_out_of_range", "max"]
@@ -371,7 +396,7 @@ class CoreVsReference(RuleBasedStateMachine):
         s, r = self.core.stats(), self.ref
         got = {k: getattr(s, k) for k in (
             "scheduled", "cancelled", "fired", "posted", "ran", "passes", "drains", "sweeps",
-            "reaped", "heap_size", "list_size", "dead")}
+            "reaped", "heap_size", "list_size", "dead", "postponed")}
         want = {k: getattr(r, k) for k in got}
         assert got == want
         assert s.slots - s.slots_free == r.live_slots, "slots in use vs. timers not recycled"

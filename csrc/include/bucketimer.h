@@ -80,11 +80,14 @@ typedef struct bt_options {
     int64_t manual_start_ns;
 } bt_options;
 
-/* Results of bt_cancel (non-negative); errors are negative errno values. */
+/* Results of bt_cancel and bt_postpone (non-negative); errors are negative
+ * errno values. */
 enum bt_cancel_result {
-    BT_CANCELLED = 0, /* this call won: the timer will never run */
-    BT_TOO_LATE = 1,  /* it is running or has run (or was already cancelled) */
-    BT_UNKNOWN = 2    /* stale, foreign or invalid id */
+    BT_CANCELLED = 0, /* bt_cancel won: the timer will never run */
+    BT_POSTPONED = 0, /* bt_postpone won: the timer runs at the new deadline */
+    BT_TOO_LATE = 1,  /* it is posted, running or has run (or was cancelled) */
+    BT_UNKNOWN = 2,   /* stale, foreign or invalid id */
+    BT_EARLIER = 3    /* bt_postpone: the deadline is earlier than the timer's */
 };
 
 /* Counters, summed on read.  Exact when the core is quiescent. */
@@ -120,6 +123,7 @@ typedef struct bt_stats {
      * scheduled == ran + cancelled + dropped. */
     uint64_t dropped;
     uint64_t buckets;         /* the core's number of buckets */
+    uint64_t postponed;       /* postpones that won */
 } bt_stats;
 
 /* ---- clock -------------------------------------------------------------- */
@@ -177,6 +181,16 @@ int bt_schedule_native(bt_timer_thread *tt, int64_t deadline_ns, bt_native_fn fn
 int bt_schedule_port(bt_timer_thread *tt, int64_t deadline_ns, bt_port *port, void *payload, uint64_t *out_id);
 /* PENDING|POSTED -> CANCELLED.  Returns a bt_cancel_result. */
 int bt_cancel(bt_timer_thread *tt, uint64_t id);
+/* Moves a PENDING timer to a later deadline, in place: no new slot, and no
+ * cancelled entry left behind (what an idle timeout reset on every message
+ * wants).  BT_POSTPONED: it runs at deadline_ns, never before; BT_TOO_LATE:
+ * it is already posted or running, or was cancelled; BT_UNKNOWN: a stale
+ * id (the timer ran and its slot moved on), a foreign or an invalid one;
+ * BT_EARLIER: deadline_ns is before the timer's current deadline (cancel
+ * and schedule instead).  Among equal deadlines a postponed timer keeps its
+ * first schedule's place.  When several threads postpone one timer, the
+ * last to win sets its deadline. */
+int bt_postpone(bt_timer_thread *tt, uint64_t id, int64_t deadline_ns);
 /* Manual-clock mode only: sets the clock to now_ns (never backwards) and fires
  * everything due, in (deadline, schedule order).  Returns how many fired, or a
  * negative errno (-EINVAL if tt has a real thread). */

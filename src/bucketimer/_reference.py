@@ -74,6 +74,8 @@ from . import _core
 __all__ = [
     "CANCELLED",
     "CANCELLED_STATE",
+    "EARLIER",
+    "POSTPONED",
     "NEVER",
     "PENDING",
     "POSTED",
@@ -86,8 +88,10 @@ __all__ = [
 
 #: ``bt_cancel`` results (``enum bt_cancel_result``).
 CANCELLED = 0
+POSTPONED = 0  # what bt_postpone answers when it won
 TOO_LATE = 1
 UNKNOWN = 2
+EARLIER = 3
 
 #: "No deadline": ``INT64_MAX``, what ``bt_next_deadline`` answers when
 #: nothing is pending.
@@ -115,6 +119,7 @@ class Timer:
     fn: NativeFn | None = None
     state: str = PENDING
     where: str = "list"  # "list" | "heap" | "port" | "running"
+    moved_to: int | None = None  # a postpone not applied yet (deadline: the key)
 
 
 @dataclass
@@ -138,6 +143,7 @@ class Reference:
     drains: int = field(init=False, default=0)
     sweeps: int = field(init=False, default=0)
     reaped: int = field(init=False, default=0)
+    postponed: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if self.drain_threshold <= 0 or self.sweep_min <= 0:
@@ -182,7 +188,8 @@ class Reference:
 
     def earliest_live_deadline(self) -> int:
         """The deadline of the earliest PENDING timer, or NEVER (read only)."""
-        ds = [t.deadline for t in self._known.values() if t.state == PENDING]
+        ds = [t.deadline if t.moved_to is None else t.moved_to
+              for t in self._known.values() if t.state == PENDING]
         return min(ds, default=NEVER)
 
     # -- the API ---------------------------------------------------------------
@@ -213,6 +220,23 @@ class Reference:
             return CANCELLED
         return TOO_LATE
 
+    def postpone(self, tid: int, deadline_ns: int) -> int:
+        """``bt_postpone``: POSTPONED (0), TOO_LATE, UNKNOWN, or EARLIER when
+        ``deadline_ns`` is before the timer's key (its schedule's deadline,
+        or the last postpone the core applied).  The move is applied when the
+        timer is collected, or popped at its old key."""
+        t = self._known.get(tid)
+        if t is None:
+            return UNKNOWN
+        if t.state != PENDING:
+            return TOO_LATE
+        if deadline_ns < t.deadline:
+            return EARLIER
+        t.moved_to = deadline_ns
+        self.deadlines[tid] = deadline_ns
+        self.postponed += 1
+        return POSTPONED
+
     def advance(self, now_ns: int) -> list[int]:
         """``bt_advance``: moves the clock to ``now_ns`` (never backwards),
         collects, maybe sweeps, then fires everything due in (deadline,
@@ -241,6 +265,9 @@ class Reference:
                 break
             heapq.heappop(self._heap)
             assert t.state == PENDING, t
+            if t.moved_to is not None:  # popped at its old key: back at the new one
+                self._apply_move(t)
+                continue
             fired.append(tid)
             self.fired += 1
             if t.port is not None:
@@ -282,10 +309,14 @@ class Reference:
         self._collect()
         while self._heap:
             t = self._known[self._heap[0][2]]
-            if t.state != CANCELLED_STATE:
+            if t.state == CANCELLED_STATE:
+                heapq.heappop(self._heap)
+                self._reap(t)
+            elif t.moved_to is not None:
+                heapq.heappop(self._heap)
+                self._apply_move(t)
+            else:
                 return t.deadline
-            heapq.heappop(self._heap)
-            self._reap(t)
         return NEVER
 
     def queued(self, port: int = 0) -> list[int]:
@@ -323,11 +354,21 @@ class Reference:
         del self._known[t.id]
         self.reaped += 1
 
+    def _apply_move(self, t: Timer) -> None:
+        """The core applies a postpone: the key becomes its new deadline (the
+        schedule order, its first one's), and it goes into the heap there."""
+        assert t.moved_to is not None
+        t.deadline, t.moved_to = t.moved_to, None
+        heapq.heappush(self._heap, (t.deadline, t.seq, t.id))
+
     def _collect(self) -> None:
         lst, self._list = self._list, []
         for t in lst:
             if t.state == CANCELLED_STATE:
                 self._reap(t)
+            elif t.moved_to is not None:
+                t.where = "heap"
+                self._apply_move(t)
             else:
                 t.where = "heap"
                 heapq.heappush(self._heap, (t.deadline, t.seq, t.id))
