@@ -4,7 +4,7 @@
   at most 32 MB, and the core's garbage (bucket lists, heap, dead entries,
   slots) stays bounded by the drain threshold, sampled from ``stats()`` during
   the run: asyncio's heap of cancelled handles is what this is compared with
-  (DESIGN.md section 1: +207 MB of tombstones for 1 M pending).
+  (it keeps every cancelled TimerHandle until its deadline or a clean-up).
 * 10 000 000 live timers (slow): bytes per timer, core only (cffi) and through
   the Python API (Handle objects included).
 * A failed allocation raises MemoryError from ``call_later`` instead of
@@ -33,7 +33,7 @@ def noop() -> None:
 
 
 def _bounds(drain_threshold: int, window: int) -> dict:
-    """What DESIGN.md rule 5 promises for one calling thread (one bucket):
+    """What docs/design.rst rule 5 promises for one calling thread (one bucket):
     the bucket list is pruned in place at 2 * max(drain_threshold, live); the
     heap is swept when dead entries pass half of it and it holds at least
     sweep_min; so memory is O(live + threshold), never O(pairs)."""
