@@ -78,45 +78,46 @@ void bt_options_init(bt_options *opt) {
     opt->sweep_min = BT_DEFAULT_SWEEP_MIN;
 }
 
-int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
-    if (!out) return -EINVAL;
-    *out = NULL;
-    bt_options opt;
-    bt_options_init(&opt);
+/* opt_in with every zero field at its default; -EINVAL if out of range. */
+static int normalized(const bt_options *opt_in, bt_options *opt) {
+    bt_options_init(opt);
     if (opt_in) {
-        opt = *opt_in;
-        if (!opt.num_buckets) opt.num_buckets = BT_DEFAULT_BUCKETS;
-        if (!opt.drain_threshold) opt.drain_threshold = BT_DEFAULT_DRAIN_THRESHOLD;
-        if (!opt.sweep_min) opt.sweep_min = BT_DEFAULT_SWEEP_MIN;
+        *opt = *opt_in;
+        if (!opt->num_buckets) opt->num_buckets = BT_DEFAULT_BUCKETS;
+        if (!opt->drain_threshold) opt->drain_threshold = BT_DEFAULT_DRAIN_THRESHOLD;
+        if (!opt->sweep_min) opt->sweep_min = BT_DEFAULT_SWEEP_MIN;
     }
-    if (opt.num_buckets > BT_MAX_BUCKETS) return -EINVAL;
-    pthread_once(&atfork_once, install_atfork);
+    return opt->num_buckets > BT_MAX_BUCKETS ? -EINVAL : 0;
+}
 
-    /* The core is half a megabyte (the slot directory), mmapped like the
-     * slot blocks (pool.c says why not malloc); its pages come zeroed. */
+/* The core's memory, zeroed: the struct (half a megabyte, the slot
+ * directory, mmapped like the slot blocks; pool.c says why not malloc),
+ * its buckets and reap chains.  NULL if out of memory. */
+static bt_timer_thread *allocate(uint32_t nbuckets) {
     bt_timer_thread *tt =
         mmap(NULL, sizeof(*tt), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (tt == MAP_FAILED) return -ENOMEM;
-    tt->opt = opt;
-    tt->nbuckets = opt.num_buckets;
+    if (tt == MAP_FAILED) return NULL;
+    size_t size = sizeof(struct bt__bucket) * nbuckets;
+    if (posix_memalign((void **)&tt->buckets, 64, size) == 0) {
+        memset(tt->buckets, 0, size);
+        tt->chains = calloc(nbuckets, sizeof(struct reap_chain));
+        if (tt->chains) return tt;
+        free(tt->buckets);
+    }
+    munmap(tt, sizeof(*tt));
+    return NULL;
+}
+
+static void init_state(bt_timer_thread *tt, const bt_options *opt) {
+    tt->opt = *opt;
+    tt->nbuckets = opt->num_buckets;
     tt->fork_generation = atomic_load(&bt__fork_generation);
     tt->gen0 = random_gen0(tt);
-    if (posix_memalign((void **)&tt->buckets, 64, sizeof(struct bt__bucket) * tt->nbuckets)) {
-        munmap(tt, sizeof(*tt));
-        return -ENOMEM;
-    }
-    memset(tt->buckets, 0, sizeof(struct bt__bucket) * tt->nbuckets);
-    tt->chains = calloc(tt->nbuckets, sizeof(struct reap_chain));
-    if (!tt->chains) {
-        free(tt->buckets);
-        munmap(tt, sizeof(*tt));
-        return -ENOMEM;
-    }
     take_tag(tt);
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         pthread_mutex_init(&tt->buckets[b].mutex, NULL);
         tt->buckets[b].nearest = BT_NEVER;
-        tt->buckets[b].prune_at = 2 * opt.drain_threshold;
+        tt->buckets[b].prune_at = 2 * opt->drain_threshold;
     }
     bt__pool_init(tt);
     pthread_mutex_init(&tt->wake_mutex, NULL);
@@ -125,27 +126,38 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     pthread_mutex_init(&tt->stop_mutex, NULL);
     tt->nearest = BT_NEVER;
     tt->sweep_cursor = SIZE_MAX;
-    atomic_init(&tt->manual_now, opt.manual_start_ns);
+    atomic_init(&tt->manual_now, opt->manual_start_ns);
+}
 
+/* The timer thread runs with every signal blocked: signals are the
+ * interpreter's business, on its own threads. */
+static int start_thread(bt_timer_thread *tt) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = -pthread_create(&tt->thread, NULL, bt__timer_thread_main, tt);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc == 0) tt->started = 1;
+    return rc;
+}
+
+int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
+    if (!out) return -EINVAL;
+    *out = NULL;
+    bt_options opt;
+    if (normalized(opt_in, &opt)) return -EINVAL;
+    pthread_once(&atfork_once, install_atfork);
+    bt_timer_thread *tt = allocate(opt.num_buckets);
+    if (!tt) return -ENOMEM;
+    init_state(tt, &opt);
     int rc = bt_port_open(tt, !opt.manual_clock, &tt->orphans);
-    if (rc) goto fail;
-    if (!opt.manual_clock) {
-        /* The timer thread runs with every signal blocked: signals are the
-         * interpreter's business, on its own threads. */
-        sigset_t all, old;
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        rc = -pthread_create(&tt->thread, NULL, bt__timer_thread_main, tt);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc) goto fail;
-        tt->started = 1;
+    if (rc == 0 && !opt.manual_clock) rc = start_thread(tt);
+    if (rc) {
+        bt_destroy(tt);
+        return rc;
     }
     *out = tt;
     return 0;
-fail:
-    tt->started = 0;
-    bt_destroy(tt);
-    return rc;
 }
 
 int32_t bt_is_stopped(bt_timer_thread *tt) {

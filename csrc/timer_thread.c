@@ -57,6 +57,49 @@ _Thread_local bt_timer_thread *bt__pass_owner BT_TLS_IE;
  * So a burst of schedules far in the future costs one wake, not one per
  * pass. */
 
+/* Under wake_mutex, once per iteration: 1 if stopped; else whether the
+ * lists must be collected (*do_collect). */
+static int begin_pass(bt_timer_thread *tt, int *do_collect) {
+    pthread_mutex_lock(&tt->wake_mutex);
+    int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+    if (!stop) {
+        *do_collect = bt__collect_requested(tt, bt_now_ns());
+        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&tt->wake_mutex);
+    return stop;
+}
+
+/* Collects if asked, fires what is due, runs a slice of a sweep in
+ * progress.  1 if more garbage work is waiting (no sleep before it). */
+static int run_pass(bt_timer_thread *tt, int do_collect) {
+    if (do_collect) bt__collect_lists(tt, 0);
+    int more_dead = 0;
+    /* The clock is read after the collect: never fire on a stale now. */
+    bt__one_pass(tt, bt_now_ns(), 0, BT_DEAD_POP_SLICE, &more_dead);
+    if (tt->sweep_cursor == SIZE_MAX) return more_dead;
+    bt__sweep_some(tt, BT_SWEEP_SLICE);
+    atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+    return more_dead || tt->sweep_cursor != SIZE_MAX;
+}
+
+/* Sleeps until the heap's top or the lists' nearest deadline, or until a
+ * schedule signals an earlier one; a signal that lands between reading the
+ * counter and the wait makes the wait return at once.  1 if stopped. */
+static int sleep_until_due(bt_timer_thread *tt) {
+    const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
+    int64_t next = top ? top->deadline : BT_NEVER;
+    pthread_mutex_lock(&tt->wake_mutex);
+    if (tt->nearest < next) next = tt->nearest;
+    uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+    int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    if (stop) return 1;
+    int64_t now = bt_now_ns();
+    if (next > now) bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
+    return 0;
+}
+
 void *bt__timer_thread_main(void *arg) {
     bt_timer_thread *tt = arg;
     bt__pass_owner = tt;
@@ -66,44 +109,12 @@ void *bt__timer_thread_main(void *arg) {
      * thread per process can afford 1 ns. */
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
-    for (;;) {
-        int64_t now = bt_now_ns();
-        int do_collect;
-        pthread_mutex_lock(&tt->wake_mutex);
-        if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) {
-            pthread_mutex_unlock(&tt->wake_mutex);
-            break;
-        }
-        do_collect = bt__collect_requested(tt, now);
-        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
-        pthread_mutex_unlock(&tt->wake_mutex);
-
-        /* Re-read the clock after collecting: never fire on a stale now. */
-        if (do_collect) {
-            bt__collect_lists(tt, 0);
-        }
-        int more_dead = 0;
-        bt__one_pass(tt, bt_now_ns(), 0, BT_DEAD_POP_SLICE, &more_dead);
-        int sweeping = 0;
-        if (tt->sweep_cursor != SIZE_MAX) {
-            bt__sweep_some(tt, BT_SWEEP_SLICE);
-            sweeping = tt->sweep_cursor != SIZE_MAX;
-            atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
-        }
-
-        const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
-        int64_t next = top ? top->deadline : BT_NEVER;
-        pthread_mutex_lock(&tt->wake_mutex);
-        if (tt->nearest < next) next = tt->nearest;
-        uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
-        int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
-        pthread_mutex_unlock(&tt->wake_mutex);
-        if (stop) break;
-        /* Next slice of garbage after another look at what is due. */
-        if (sweeping || more_dead) continue;
-        now = bt_now_ns();
-        if (next <= now) continue;
-        bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
+    int do_collect = 0;
+    while (!begin_pass(tt, &do_collect)) {
+        /* Garbage left: the next slice comes after another look at what is
+         * due, without a sleep. */
+        if (run_pass(tt, do_collect)) continue;
+        if (sleep_until_due(tt)) break;
     }
     if (tt->destroy_later) {
         /* bt_destroy came from one of our callbacks: nobody will join us. */

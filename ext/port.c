@@ -34,53 +34,62 @@ static void Port_dealloc(PortObject *self) {
 /* Runs (or, in drop mode, releases) one claimed handle.  Returns -1 with an
  * exception set only for exceptions that must propagate (KeyboardInterrupt,
  * SystemExit, or a failing error handler). */
+static inline int is_exit(void) {
+    return PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
+           PyErr_ExceptionMatches(PyExc_SystemExit);
+}
+
+/* The callback, in its context (a Timeout's expiry has none: see
+ * handle_new).  Its result, or NULL with its exception set. */
+static PyObject *call_in_context(HandleObject *h, PyObject *cb, PyObject *args, PyObject *ctx) {
+    if (ctx && PyContext_Enter(ctx) < 0) return NULL;
+    PyObject *res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
+    if (ctx) {
+        PyObject *exc = res ? NULL : PyErr_GetRaisedException();
+        PyContext_Exit(ctx);
+        if (exc) PyErr_SetRaisedException(exc);
+    }
+    return res;
+}
+
+/* The callback raised (the current exception): on_error(handle, exc), or
+ * sys.unraisablehook.  -1 with the exception set if it must propagate. */
+static int report(PortObject *self, HandleObject *h, PyObject *cb, PyObject *args) {
+    if (is_exit()) return -1; /* out of the loop, as asyncio lets them */
+    PyObject *exc = PyErr_GetRaisedException();
+    int rc = 0;
+    /* The handle shows its callback while being reported. */
+    h->callback = Py_NewRef(cb);
+    h->args = Py_NewRef(args);
+    if (self->on_error && self->on_error != Py_None) {
+        PyObject *r = PyObject_CallFunctionObjArgs(self->on_error, (PyObject *)h, exc, NULL);
+        if (r) Py_DECREF(r);
+        else if (is_exit()) rc = -1;
+        else PyErr_WriteUnraisable(self->on_error);
+    } else {
+        PyErr_SetRaisedException(Py_NewRef(exc));
+        PyErr_WriteUnraisable(cb);
+    }
+    Py_DECREF(exc);
+    Py_CLEAR(h->callback);
+    Py_CLEAR(h->args);
+    return rc;
+}
+
 static int run_handle(PortObject *self, HandleObject *h, int drop) {
     PyObject *cb = h->callback, *args = h->args, *ctx = h->context;
     h->callback = h->args = h->context = NULL;
     atomic_store_explicit(&h->state, drop ? H_DROPPED : H_RAN, memory_order_release);
-    int result = 0;
+    int rc = 0;
     if (!drop && cb) {
-        PyObject *res = NULL;
-        /* A Timeout's expiry handle has no context (see schedule_resolved). */
-        if (!ctx || PyContext_Enter(ctx) == 0) {
-            res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
-            if (ctx) {
-                PyObject *exc = res ? NULL : PyErr_GetRaisedException();
-                PyContext_Exit(ctx);
-                if (exc) PyErr_SetRaisedException(exc);
-            }
-        }
-        if (res) {
-            Py_DECREF(res);
-        } else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
-                   PyErr_ExceptionMatches(PyExc_SystemExit)) {
-            result = -1;
-        } else {
-            PyObject *exc = PyErr_GetRaisedException();
-            /* The handle shows its callback while being reported. */
-            h->callback = Py_NewRef(cb);
-            h->args = Py_NewRef(args);
-            if (self->on_error && self->on_error != Py_None) {
-                PyObject *r = PyObject_CallFunctionObjArgs(self->on_error, (PyObject *)h, exc,
-                                                           NULL);
-                if (r) Py_DECREF(r);
-                else if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
-                         PyErr_ExceptionMatches(PyExc_SystemExit))
-                    result = -1;
-                else PyErr_WriteUnraisable(self->on_error);
-            } else {
-                PyErr_SetRaisedException(Py_NewRef(exc));
-                PyErr_WriteUnraisable(cb);
-            }
-            Py_DECREF(exc);
-            Py_CLEAR(h->callback);
-            Py_CLEAR(h->args);
-        }
+        PyObject *res = call_in_context(h, cb, args, ctx);
+        if (res) Py_DECREF(res);
+        else rc = report(self, h, cb, args);
     }
     Py_XDECREF(cb);
     Py_XDECREF(args);
     Py_XDECREF(ctx);
-    return result;
+    return rc;
 }
 
 /* Runs every timer posted to this port.  The eventfd is acked first; a

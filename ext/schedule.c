@@ -25,43 +25,42 @@ PyObject *raise_errno(int rc, const char *what) {
 
 /* ---- arguments ------------------------------------------------------------------ */
 
-/* Converts a delay or deadline to a double; TypeError for non-numbers (str,
- * bytes, None, bool), ValueError for NaN. */
+/* A number too large for a double (a huge int, a Fraction): +inf if it is
+ * positive (forever), -inf if negative (at once).  If it cannot even say
+ * its sign, the OverflowError stands: -1. */
+static int beyond_double(PyObject *o, double *out) {
+    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *zero = PyLong_FromLong(0);
+    int neg = zero ? PyObject_RichCompareBool(o, zero, Py_LT) : -1;
+    Py_XDECREF(zero);
+    if (neg < 0) {
+        PyErr_Clear();
+        PyErr_SetRaisedException(exc);
+        return -1;
+    }
+    Py_DECREF(exc);
+    *out = neg ? -INFINITY : INFINITY;
+    return 0;
+}
+
+static int is_real_number(PyObject *o) {
+    PyNumberMethods *nb = Py_TYPE(o)->tp_as_number;
+    return PyLong_Check(o) || PyFloat_Check(o) || (nb && (nb->nb_float || nb->nb_index));
+}
+
 int to_seconds(PyObject *o, const char *what, double *out) {
     double v;
     if (PyFloat_CheckExact(o)) {
         v = PyFloat_AS_DOUBLE(o);
-    } else if (PyBool_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a real number, not bool", what);
-        return -1;
-    } else if (PyLong_Check(o) || PyFloat_Check(o) ||
-               (Py_TYPE(o)->tp_as_number && (Py_TYPE(o)->tp_as_number->nb_float ||
-                                             Py_TYPE(o)->tp_as_number->nb_index))) {
-        v = PyFloat_AsDouble(o);
-        if (v == -1.0 && PyErr_Occurred()) {
-            if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-                /* A number beyond the double range (a huge int or
-                 * Fraction): forever if positive, at once if negative.  If
-                 * it cannot even say its sign, the OverflowError stands. */
-                PyObject *exc = PyErr_GetRaisedException();
-                PyObject *zero = PyLong_FromLong(0);
-                int neg = zero ? PyObject_RichCompareBool(o, zero, Py_LT) : -1;
-                Py_XDECREF(zero);
-                if (neg < 0) {
-                    PyErr_Clear();
-                    PyErr_SetRaisedException(exc);
-                    return -1;
-                }
-                Py_DECREF(exc);
-                v = neg ? -INFINITY : INFINITY;
-            } else {
-                return -1;
-            }
-        }
-    } else {
+    } else if (PyBool_Check(o) || !is_real_number(o)) {
         PyErr_Format(PyExc_TypeError, "%s must be a real number, not %.100s", what,
                      Py_TYPE(o)->tp_name);
         return -1;
+    } else {
+        v = PyFloat_AsDouble(o);
+        if (v == -1.0 && PyErr_Occurred() &&
+            (!PyErr_ExceptionMatches(PyExc_OverflowError) || beyond_double(o, &v) < 0))
+            return -1;
     }
     if (isnan(v)) {
         PyErr_Format(PyExc_ValueError, "%s must not be NaN", what);

@@ -224,70 +224,79 @@ static PySendResult waitfor_throw_inner(WaitForObject *self, PyObject *exc, PyOb
     return fetch_return(result);
 }
 
+/* `timeout <= 0`: 1, 0, or -1 with an error (asyncio compares with 0). */
+static int is_nonpositive(PyObject *delay) {
+    if (PyFloat_CheckExact(delay)) return PyFloat_AS_DOUBLE(delay) <= 0.0;
+    if (PyLong_CheckExact(delay)) {
+        int overflow;
+        long v = PyLong_AsLongAndOverflow(delay, &overflow);
+        if (v != -1 || !PyErr_Occurred()) return overflow ? overflow < 0 : v <= 0;
+        return -1;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    int r = zero ? PyObject_RichCompareBool(delay, zero, Py_LE) : -1;
+    Py_XDECREF(zero);
+    return r;
+}
+
+/* Starts awaiting `inner` (stolen): the first send, and the end of the
+ * coroutine if it does not suspend. */
+static PySendResult waitfor_first_send(WaitForObject *self, PyObject *inner,
+                                       PyObject **result) {
+    self->state = W_SUSPENDED;
+    self->inner = inner;
+    PySendResult r = PyIter_Send(inner, Py_None, result);
+    return r == PYGEN_NEXT ? r : waitfor_finish(self, r, result);
+}
+
+/* `timeout <= 0`: aio.py's coroutine, which gives a coroutine no chance to
+ * run (it involves a Task: not a fast path in asyncio either). */
+static PySendResult waitfor_start_nonpositive(WaitForObject *self, PyObject *fut,
+                                              PyObject **result) {
+    core_state *st = self->st;
+    if (!st->wait_for_nonpositive) {
+        PyErr_SetString(PyExc_RuntimeError, "bucketimer.aio is not initialised");
+        return PYGEN_ERROR;
+    }
+    PyObject *loop = need_running_loop(st);
+    if (!loop) return PYGEN_ERROR;
+    PyObject *inner = PyObject_CallFunctionObjArgs(st->wait_for_nonpositive, fut, loop, NULL);
+    Py_DECREF(loop);
+    return inner ? waitfor_first_send(self, inner, result) : PYGEN_ERROR;
+}
+
+/* timeout(delay) and its __aenter__, back to back as in asyncio's wait_for:
+ * the same running loop, and the clock read once (asyncio reads it twice, a
+ * few hundred ns apart, and schedules in between nothing that could tell).
+ * The entered Timeout, or NULL. */
+static PyObject *waitfor_enter(core_state *st, PyObject *delay) {
+    PyObject *loop = need_running_loop(st);
+    if (!loop) return NULL;
+    int64_t now_ns;
+    PyObject *tm = timeout_on_loop(st, loop, delay, &now_ns);
+    if (tm && timeout_enter((TimeoutObject *)tm, loop, now_ns) < 0) Py_CLEAR(tm);
+    Py_DECREF(loop);
+    return tm;
+}
+
 /* The first send(None): the body up to the first suspension. */
 static PySendResult waitfor_start(WaitForObject *self, PyObject **result) {
-    core_state *st = self->st;
     PyObject *fut = self->fut, *delay = self->delay;
     self->fut = self->delay = NULL;
     self->state = W_CLOSED; /* until the Timeout is entered */
     PySendResult r = PYGEN_ERROR;
-    PyObject *inner = NULL;
-    if (delay != Py_None) {
-        int nonpositive;
-        int overflow;
-        long v;
-        if (PyFloat_CheckExact(delay)) nonpositive = PyFloat_AS_DOUBLE(delay) <= 0.0;
-        else if (PyLong_CheckExact(delay) &&
-                 ((v = PyLong_AsLongAndOverflow(delay, &overflow)) != -1 || !PyErr_Occurred()))
-            nonpositive = overflow ? overflow < 0 : v <= 0;
-        else {
-            PyObject *zero = PyLong_FromLong(0);
-            nonpositive = zero ? PyObject_RichCompareBool(delay, zero, Py_LE) : -1;
-            Py_XDECREF(zero);
-        }
-        if (nonpositive < 0) goto done;
-        if (nonpositive) {
-            if (!st->wait_for_nonpositive) {
-                PyErr_SetString(PyExc_RuntimeError, "bucketimer.aio is not initialised");
-                goto done;
-            }
-            PyObject *loop = need_running_loop(st);
-            if (!loop) goto done;
-            inner = PyObject_CallFunctionObjArgs(st->wait_for_nonpositive, fut, loop, NULL);
-            Py_DECREF(loop);
-            if (!inner) goto done;
+    int nonpositive = delay == Py_None ? 0 : is_nonpositive(delay);
+    if (nonpositive > 0) {
+        r = waitfor_start_nonpositive(self, fut, result);
+    } else if (nonpositive == 0) {
+        self->timeout = waitfor_enter(self->st, delay);
+        if (self->timeout) {
             self->state = W_SUSPENDED;
-            self->inner = inner;
-            r = PyIter_Send(inner, Py_None, result);
-            if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
-            goto done;
+            PyObject *inner = awaitable_iter(self->st, fut);
+            r = inner ? waitfor_first_send(self, inner, result)
+                      : waitfor_finish(self, PYGEN_ERROR, result);
         }
     }
-    /* timeout(delay) and its __aenter__, back to back as in asyncio's
-     * wait_for: the same running loop, and the clock read once (asyncio
-     * reads it twice, a few hundred ns apart, and schedules in between
-     * nothing that could tell). */
-    PyObject *loop = need_running_loop(st);
-    if (!loop) goto done;
-    int64_t now_ns;
-    PyObject *tm = timeout_on_loop(st, loop, delay, &now_ns);
-    if (!tm || timeout_enter((TimeoutObject *)tm, loop, now_ns) < 0) {
-        Py_XDECREF(tm);
-        Py_DECREF(loop);
-        goto done;
-    }
-    Py_DECREF(loop);
-    self->timeout = tm;
-    self->state = W_SUSPENDED;
-    inner = awaitable_iter(st, fut);
-    if (!inner) {
-        r = waitfor_finish(self, PYGEN_ERROR, result);
-        goto done;
-    }
-    self->inner = inner;
-    r = PyIter_Send(inner, Py_None, result);
-    if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
-done:
     Py_DECREF(fut);
     Py_DECREF(delay);
     return r;
