@@ -19,24 +19,57 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypedDict, TypeVarTuple, Unpack
 
 from . import _core
+
+_Ts = TypeVarTuple("_Ts")
 
 try:  # private, but the exact text asyncio itself reports
     from asyncio.format_helpers import _format_callback_source
 except ImportError:  # pragma: no cover
 
-    def _format_callback_source(func: Any, args: Any) -> str:
+    def _format_callback_source(func: object, args: Iterable[Any]) -> str:
         return repr(func)
 
 
-__all__ = ["TimerThread", "Handle", "call_later", "call_at", "default_timer_thread"]
+__all__ = ["Handle", "Stats", "TimerThread", "call_at", "call_later", "default_timer_thread"]
 
 logger = logging.getLogger("bucketimer")
 
 Handle = _core.Handle
+
+
+class Stats(TypedDict):
+    """What ``TimerThread.stats()`` returns: the core's counters
+    (docs/design.rst, rule 10).  At rest, ``scheduled == ran + cancelled +
+    dropped`` and ``slots_free + slots_retired == slots``."""
+
+    scheduled: int
+    cancelled: int
+    postponed: int
+    fired: int
+    posted: int
+    ran: int
+    dropped: int
+    wakeups: int
+    passes: int
+    eventfd_writes: int
+    drains: int
+    sweeps: int
+    reaped: int
+    heap_size: int
+    list_size: int
+    dead: int
+    slots: int
+    slots_free: int
+    slots_retired: int
+    ports: int
+    buckets: int
+    early_fires: int
+    #: bucket i counts lateness in [2**(i-1), 2**i) ns; bucket 0, none
+    lateness_hist: list[int]
 
 
 def _report_to_loop(loop: asyncio.AbstractEventLoop, handle: Any, exc: BaseException) -> None:
@@ -85,9 +118,9 @@ class TimerThread(_core.TimerThread):
                 raise RuntimeError("TimerThread is closed")
             if loop is None:
                 if self._dispatcher is None:
-                    port = self._open_port(None)
-                    port.on_error = _report_to_log
-                    self._dispatcher = port
+                    dispatcher = self._open_port(None)
+                    dispatcher.on_error = _report_to_log
+                    self._dispatcher = dispatcher
                     self._start_dispatcher()
                 return self._dispatcher
             port = self._ports.get(loop)
@@ -115,7 +148,8 @@ class TimerThread(_core.TimerThread):
             try:
                 if fd < 0:  # the loop's close detached it meanwhile
                     raise RuntimeError("cannot schedule on a closed event loop")
-                if asyncio.events._get_running_loop() is loop:
+                in_loop = asyncio.events._get_running_loop() is loop
+                if in_loop:
                     loop.add_reader(fd, port.drain)
                 else:
                     # Not from inside the loop: its selector is its own thread's
@@ -157,7 +191,7 @@ class TimerThread(_core.TimerThread):
             loop.close = close
         except (AttributeError, TypeError):  # a loop class without __dict__
             pass
-        return loop.is_closed()
+        return bool(loop.is_closed())
 
     def _detach_loop(self, loop: Any) -> None:
         with self._lock:
@@ -335,14 +369,16 @@ def default_timer_thread() -> TimerThread:
     return tt
 
 
-def call_later(delay: float, callback: Callable[..., object], *args: Any,
-               loop: Any = None, context: contextvars.Context | None = None) -> Any:
+def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: Unpack[_Ts],
+               loop: asyncio.AbstractEventLoop | None = None,
+               context: contextvars.Context | None = None) -> _core.Handle:
     """``default_timer_thread().call_later(...)``."""
     return default_timer_thread().call_later(delay, callback, *args, loop=loop, context=context)
 
 
-def call_at(when: float, callback: Callable[..., object], *args: Any,
-            loop: Any = None, context: contextvars.Context | None = None) -> Any:
+def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: Unpack[_Ts],
+            loop: asyncio.AbstractEventLoop | None = None,
+            context: contextvars.Context | None = None) -> _core.Handle:
     """``default_timer_thread().call_at(...)``."""
     return default_timer_thread().call_at(when, callback, *args, loop=loop, context=context)
 

@@ -112,7 +112,7 @@ if sys.version_info >= (3, 12):
 
 else:
 
-    async def wait_for(fut: Awaitable[_T], timeout: float | None) -> _T:  # type: ignore[misc]
+    async def wait_for(fut: Awaitable[_T], timeout: float | None) -> _T:  # type: ignore[misc, unused-ignore]
         """``asyncio.wait_for`` as of 3.11: a coroutine runs in its own Task,
         and this task waits for it or for the timer, whichever comes first.
         On timeout the Task is cancelled and awaited, then ``TimeoutError``

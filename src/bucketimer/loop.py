@@ -51,7 +51,7 @@ import sys
 import warnings
 from collections.abc import Callable, Coroutine
 from time import monotonic as _monotonic
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _timers
 from ._timers import TimerThread
@@ -132,8 +132,9 @@ class _NativeTimersMixin:
         tt = self.timer_thread
         if self._bt_scheduler_tt is not tt:
             self._bt_scheduler_tt = tt
-            self._bt_at = tt._scheduler(self, True)
-            self._bt_later = tt._scheduler(self, False)
+            loop = cast(asyncio.AbstractEventLoop, self)
+            self._bt_at = tt._scheduler(loop, True)
+            self._bt_later = tt._scheduler(loop, False)
         if want:
             d["call_at"] = self._bt_at
             d["call_later"] = self._bt_later
@@ -192,7 +193,7 @@ class _NativeTimersMixin:
         super().close()  # type: ignore[misc]
 
 
-class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc,valid-type]
+class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc]
     """``asyncio.SelectorEventLoop`` whose ``call_at``/``call_later`` use bucketimer.
 
     ``EventLoop(selector=None, *, timer_thread=None)``; ``timer_thread``
@@ -259,7 +260,7 @@ def _policy_class(name: str) -> type:
         warnings.simplefilter("ignore", DeprecationWarning)
         if name == "EventLoopPolicy":
 
-            class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):  # type: ignore[misc,valid-type,name-defined]
+            class EventLoopPolicy(asyncio.DefaultEventLoopPolicy):
                 """The default asyncio policy, making :class:`EventLoop` loops."""
 
                 _loop_factory = EventLoop
@@ -267,7 +268,7 @@ def _policy_class(name: str) -> type:
             return EventLoopPolicy
         if name == "UVEventLoopPolicy" and _uvloop is not None:
 
-            class UVEventLoopPolicy(_uvloop.EventLoopPolicy):  # type: ignore[misc,valid-type,name-defined]
+            class UVEventLoopPolicy(_uvloop.EventLoopPolicy):  # type: ignore[misc]
                 """uvloop's policy, making :class:`UVEventLoop` loops."""
 
                 def _loop_factory(self) -> Any:
@@ -305,11 +306,11 @@ def install() -> None:
 try:  # the same on top of uvloop
     import uvloop as _uvloop
 except ImportError:  # pragma: no cover - uvloop is optional
-    _uvloop = None
+    _uvloop = None  # type: ignore[assignment]
 
 if _uvloop is not None:
 
-    class UVEventLoop(_NativeTimersMixin, _uvloop.Loop):  # type: ignore[misc,valid-type]
+    class UVEventLoop(_NativeTimersMixin, _uvloop.Loop):  # type: ignore[misc]
         """``uvloop.Loop`` whose ``call_at``/``call_later`` use bucketimer.
 
         ``UVEventLoop(*, timer_thread=None)``.  ``time()`` is
