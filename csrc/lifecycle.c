@@ -2,6 +2,11 @@
  * lifecycle.c -- a core's life: options, creation (its id tag and first
  * generation), fork, stop, drop and destroy (docs/design.rst, rules 1
  * and 11).
+ *
+ * The tags in use and the fork generation are process-wide atomics.  bt_stop
+ * sets the stop flag under wake_mutex, fences every bucket mutex, and joins
+ * under stop_mutex; bt_drop_all CASes each slot's state word and takes no
+ * lock; nothing here runs on a core inherited through fork().
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -3,6 +3,10 @@
  * until the nearest deadline or an earlier schedule, then a pass) and the
  * manual clock that runs the same pass without a thread (docs/design.rst,
  * rules 4, 6 and 9).
+ *
+ * The loop reads the nearest deadline, the signal counter and the stop flag
+ * under wake_mutex, and sleeps expecting that counter; bt_advance and
+ * bt_next_deadline hold advance_mutex, so one pass runs at a time.
  */
 #define _GNU_SOURCE
 #include <errno.h>

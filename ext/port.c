@@ -1,5 +1,11 @@
 /*
- * port.c -- bucketimer._core.Port: where due timers of one loop wait; drain() runs them.
+ * port.c -- bucketimer._core.Port, the consumer's side of a bt_port: one per
+ * event loop (its eventfd is registered with loop.add_reader) and one for the
+ * dispatcher thread.  drain() acks the eventfd, takes the posted timers and,
+ * right before calling each, claims it (POSTED -> RUNNING), so a cancel that
+ * lands while it waits still wins.  Runs with the GIL, in the loop's (or the
+ * dispatcher's) thread only; detach() closes the fd and releases what is
+ * queued unrun (docs/design.rst, "Delivery" and rule 11).
  */
 #include "module.h"
 

@@ -1,5 +1,8 @@
 /*
- * scheduler.c -- the drop-in loop's call_at/call_later.
+ * scheduler.c -- the drop-in loop's call_at/call_later: a callable bound to
+ * (TimerThread, loop), set on the loop instance (loop.py), so that
+ * loop.call_later(d, cb) is one vectorcall into schedule.c.  Its handles
+ * have asyncio.TimerHandle's semantics (cancel() returns None).
  */
 #include "module.h"
 

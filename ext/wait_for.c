@@ -1,5 +1,8 @@
 /*
- * wait_for.c -- wait_for() of 3.12 and later, in C.
+ * wait_for.c -- wait_for() of 3.12 and later: asyncio's coroutine
+ * `async with timeout(t): return await fut`, written out by hand as a C
+ * coroutine object (send/throw/close, __await__, a finaliser), over
+ * timeout.c's enter and exit.  See the section comment below.
  */
 #include "module.h"
 
