@@ -219,15 +219,18 @@ void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness) {
     bt__bump(&hist[i], 1);
 }
 
-int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
+/* POSTED -> RUNNING: 1 if this consumer got it, 0 if a cancel won. */
+static int take_posted(bt_timer *t) {
     uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
     uint32_t gen = BT_WORD_GEN(w);
     uint64_t expected = BT_WORD(gen, BT_S_POSTED);
-    if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
-                                                 BT_WORD(gen, BT_S_RUNNING),
-                                                 memory_order_acq_rel,
-                                                 memory_order_acquire))
-        return 0;
+    return atomic_compare_exchange_strong_explicit(&t->word, &expected,
+                                                   BT_WORD(gen, BT_S_RUNNING),
+                                                   memory_order_acq_rel, memory_order_acquire);
+}
+
+int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
+    if (!take_posted(t)) return 0;
     int64_t late = bt__lateness(bt_time_ns(port->tt), BT_LOAD(t->deadline));
     if (late < 0) bt__bump(&port->early, 1);
     bt__hist_add(port->hist, late);
@@ -236,14 +239,7 @@ int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
 }
 
 int32_t bt_timer_take(bt_port *port, bt_timer *t) {
-    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
-    uint32_t gen = BT_WORD_GEN(w);
-    uint64_t expected = BT_WORD(gen, BT_S_POSTED);
-    if (!atomic_compare_exchange_strong_explicit(&t->word, &expected,
-                                                 BT_WORD(gen, BT_S_RUNNING),
-                                                 memory_order_acq_rel,
-                                                 memory_order_acquire))
-        return 0;
+    if (!take_posted(t)) return 0;
     bt__bump(&port->dropped, 1);
     return 1;
 }

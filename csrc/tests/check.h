@@ -1,7 +1,9 @@
 /*
- * check.h -- the C tests' assertion: CHECK(cond) reports a failed condition
- * with its place and counts it for the running test, and the test goes on.
- * The count is atomic: stress scenarios check from worker threads.
+ * check.h -- the C tests' assertion and runner: CHECK(cond) reports a failed
+ * condition with its place and counts it for the running test, and the test
+ * goes on (the count is atomic: stress scenarios check from worker
+ * threads); run_tests() runs a table of tests and prints "N passed, N
+ * failed".
  */
 #ifndef BT_TESTS_CHECK_H
 #define BT_TESTS_CHECK_H
@@ -19,5 +21,27 @@ static int failures;
             atomic_fetch_add(&checks_failed_in_test, 1);                             \
         }                                                                            \
     } while (0)
+
+struct test {
+    const char *name;
+    void (*fn)(void);
+};
+
+/* Runs each test, prints ok/FAIL and its name, and the totals; the exit
+ * status for main(). */
+static inline int run_tests(const struct test *tests, size_t n) {
+    int passed = 0;
+    for (size_t i = 0; i < n; i++) {
+        checks_failed_in_test = 0;
+        tests[i].fn();
+        printf("%s %s\n", checks_failed_in_test ? "FAIL" : "ok  ", tests[i].name);
+        if (checks_failed_in_test) failures++;
+        else passed++;
+    }
+    printf("%d passed, %d failed\n", passed, failures);
+    return failures ? 1 : 0;
+}
+
+#define RUN_TESTS(table) run_tests((table), sizeof(table) / sizeof((table)[0]))
 
 #endif

@@ -1272,44 +1272,39 @@ static void scenario_detach_vs_post(void) {
 
 /* ---- main ------------------------------------------------------------------------- */
 
-struct test {
+struct scenario {
     const char *name;
     void (*fn)(void);
-    int known_race;
 };
 
 int main(int argc, char **argv) {
-    int known = 0;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--known-races") == 0) known = 1;
-        else if (argv[i][0] >= 'a' && argv[i][0] <= 'z') only = argv[i];
+        if (argv[i][0] >= 'a' && argv[i][0] <= 'z') only = argv[i];
         else scale = atof(argv[i]);
     }
-    const char *env = getenv("BT_STRESS_KNOWN_RACES");
-    if (env && *env && strcmp(env, "0") != 0) known = 1;
     if (!(scale > 0)) scale = 1.0;
     setvbuf(stdout, NULL, _IOLBF, 0);
 
-    struct test tests[] = {
-        {"native_rpc", scenario_native_rpc, 0},
-        {"from_callbacks", scenario_from_callbacks, 0},
-        {"ports", scenario_ports, 0},
-        {"stop_race", scenario_stop_race, 0},
-        {"garbage_churn", scenario_garbage_churn, 0},
-        {"drop_vs_consumer", scenario_drop_vs_consumer, 0},
-        {"stop_inflight_drop", scenario_stop_inflight_drop, 0},
-        {"detach_vs_post", scenario_detach_vs_post, 0},
+    struct scenario scenarios[] = {
+        {"native_rpc", scenario_native_rpc},
+        {"from_callbacks", scenario_from_callbacks},
+        {"ports", scenario_ports},
+        {"stop_race", scenario_stop_race},
+        {"garbage_churn", scenario_garbage_churn},
+        {"drop_vs_consumer", scenario_drop_vs_consumer},
+        {"stop_inflight_drop", scenario_stop_inflight_drop},
+        {"detach_vs_post", scenario_detach_vs_post},
     };
     int passed = 0;
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        if (tests[i].known_race && !known) continue;
-        if (only && strcmp(only, tests[i].name) != 0) continue;
+    for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++) {
+        if (only && strcmp(only, scenarios[i].name) != 0) continue;
         checks_failed_in_test = 0;
         int64_t t0 = bt_now_ns();
-        tests[i].fn();
+        scenarios[i].fn();
         double secs = (double)(bt_now_ns() - t0) / 1e9;
-        printf("%s %s (%.2f s)\n", checks_failed_in_test ? "FAIL" : "ok  ", tests[i].name, secs);
+        printf("%s %s (%.2f s)\n", checks_failed_in_test ? "FAIL" : "ok  ", scenarios[i].name,
+               secs);
         if (checks_failed_in_test) failures++;
         else passed++;
     }

@@ -728,11 +728,6 @@ static void test_consumer_stuck_in_ack_delays_no_timer(void) {
     bt_destroy(tt);
 }
 
-struct test {
-    const char *name;
-    void (*fn)(void);
-};
-
 int main(void) {
     struct test tests[] = {
         {"manual_order_and_ties", test_manual_order_and_ties},
@@ -755,14 +750,5 @@ int main(void) {
         {"fork_child_touches_no_lock_of_an_inherited_core",
          test_fork_child_touches_no_lock_of_an_inherited_core},
     };
-    int passed = 0;
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        checks_failed_in_test = 0;
-        tests[i].fn();
-        printf("%s %s\n", checks_failed_in_test ? "FAIL" : "ok  ", tests[i].name);
-        if (checks_failed_in_test) failures++;
-        else passed++;
-    }
-    printf("%d passed, %d failed\n", passed, failures);
-    return failures ? 1 : 0;
+    return RUN_TESTS(tests);
 }

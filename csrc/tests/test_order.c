@@ -214,11 +214,6 @@ static void test_due_timer_does_not_wait_behind_a_batch(void) {
 
 /* ---- main ------------------------------------------------------------------- */
 
-struct test {
-    const char *name;
-    void (*fn)(void);
-};
-
 int main(void) {
     test_thread = 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -226,14 +221,5 @@ int main(void) {
         {"fifo_across_buckets", test_fifo_across_buckets},
         {"due_timer_does_not_wait_behind_a_batch", test_due_timer_does_not_wait_behind_a_batch},
     };
-    int passed = 0;
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        checks_failed_in_test = 0;
-        tests[i].fn();
-        printf("%s %s\n", checks_failed_in_test ? "FAIL" : "ok  ", tests[i].name);
-        if (checks_failed_in_test) failures++;
-        else passed++;
-    }
-    printf("%d passed, %d failed\n", passed, failures);
-    return failures ? 1 : 0;
+    return RUN_TESTS(tests);
 }

@@ -241,11 +241,6 @@ static void test_postpone_races_fire_and_cancel(void) {
     pthread_barrier_destroy(&barrier);
 }
 
-struct test {
-    const char *name;
-    void (*fn)(void);
-};
-
 int main(void) {
     struct test tests[] = {
         {"postpone_moves_a_pending_timer_later", test_postpone_moves_a_pending_timer_later},
@@ -256,14 +251,5 @@ int main(void) {
          test_postponed_timer_keeps_its_place_among_equals},
         {"postpone_races_fire_and_cancel", test_postpone_races_fire_and_cancel},
     };
-    int passed = 0;
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        checks_failed_in_test = 0;
-        tests[i].fn();
-        printf("%s %s\n", checks_failed_in_test ? "FAIL" : "ok  ", tests[i].name);
-        if (checks_failed_in_test) failures++;
-        else passed++;
-    }
-    printf("%d passed, %d failed\n", passed, failures);
-    return failures ? 1 : 0;
+    return RUN_TESTS(tests);
 }
