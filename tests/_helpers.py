@@ -6,10 +6,13 @@ Not a conftest: these are plain functions and classes, imported explicitly
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -108,3 +111,65 @@ def check_ok(p: subprocess.CompletedProcess) -> str:
         f"exit status {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     )
     return p.stdout
+
+
+#: the context variable a :class:`Recorder` reads where it runs
+var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+
+class Recorder:
+    """A callback that records where, when and in which context it ran."""
+
+    def __init__(self, name: str = "cb") -> None:
+        self.name = name
+        self.calls: list[dict] = []
+        self.done = threading.Event()
+
+    def __call__(self, *args):
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self.calls.append(
+            {
+                "args": args,
+                "thread": threading.current_thread(),
+                "at": time.monotonic(),
+                "var": var.get(),
+                "loop": loop,
+            }
+        )
+        self.done.set()
+
+    def wait(self, timeout: float = 5.0) -> dict:
+        assert self.done.wait(timeout), f"{self.name} did not run within {timeout}s"
+        return self.calls[0]
+
+
+def posted_at_least(tt: Any, n: int) -> Callable[[], bool]:
+    """For :func:`wait_until`: the TimerThread posted ``n`` timers to ports."""
+    return lambda: tt.stats()["posted"] >= n
+
+
+def cffi_core(**options: int) -> Any:
+    """A ``bt_timer_thread *`` made through ``bucketimer._cffi``: bt_create
+    with bt_options_init's defaults and ``options`` set on top (e.g.
+    ``manual_clock=1, manual_start_ns=0, drain_threshold=64``).  The caller
+    stops and destroys it (:func:`destroy_cffi_core`)."""
+    from bucketimer._cffi import ffi, lib
+
+    opt = ffi.new("bt_options *")
+    lib.bt_options_init(opt)
+    for name, value in options.items():
+        setattr(opt, name, value)
+    out = ffi.new("bt_timer_thread **")
+    rc = lib.bt_create(opt, out)
+    assert rc == 0, rc
+    return out[0]
+
+
+def destroy_cffi_core(tt: Any) -> None:
+    from bucketimer._cffi import lib
+
+    assert lib.bt_stop(tt) == 0
+    lib.bt_destroy(tt)

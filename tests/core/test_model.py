@@ -2,7 +2,7 @@
 
 A hypothesis ``RuleBasedStateMachine`` drives the C core through
 ``bucketimer._cffi`` (no thread: time moves only by ``bt_advance``) and
-``bucketimer._reference.Reference`` side by side: schedule (port and native
+``reference.Reference`` (beside this file) side by side: schedule (port and native
 timers, deadlines from a small set so that equal deadlines are common, and
 relative to the clock), cancel, cancel twice, cancel stale and never-issued
 ids, advance (small steps, big jumps, backwards), drain the ports, ask for the
@@ -15,6 +15,8 @@ from __future__ import annotations
 import heapq
 
 import pytest
+import reference as ref_mod
+from _helpers import cffi_core, destroy_cffi_core
 from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -25,10 +27,9 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from reference import CANCELLED, EARLIER, NEVER, TOO_LATE, UNKNOWN, Reference
 
 from bucketimer import _cffi
-from bucketimer import _reference as ref_mod
-from bucketimer._reference import CANCELLED, EARLIER, NEVER, TOO_LATE, UNKNOWN, Reference
 
 ffi, lib = _cffi.ffi, _cffi.lib
 
@@ -59,17 +60,8 @@ class Core:
     """A manual-clock core with NPORTS fd-less ports, through cffi."""
 
     def __init__(self, drain_threshold: int, sweep_min: int, buckets: int = 13) -> None:
-        opt = ffi.new("bt_options *")
-        lib.bt_options_init(opt)
-        opt.manual_clock = 1
-        opt.manual_start_ns = START
-        opt.num_buckets = buckets
-        opt.drain_threshold = drain_threshold
-        opt.sweep_min = sweep_min
-        out = ffi.new("bt_timer_thread **")
-        rc = lib.bt_create(opt, out)
-        assert rc == 0, rc
-        self.tt = out[0]
+        self.tt = cffi_core(manual_clock=1, manual_start_ns=START, num_buckets=buckets,
+                            drain_threshold=drain_threshold, sweep_min=sweep_min)
         self.ports = []
         for _ in range(NPORTS):
             p = ffi.new("bt_port **")
@@ -230,10 +222,10 @@ class CoreVsReference(RuleBasedStateMachine):
             f"{CANCEL_NAMES.get(core_rc, core_rc)}, model {CANCEL_NAMES[ref_rc]}"
         )
         # The exact three-way answer depends on when the core reaps; the model
-        # mirrors csrc/core.c there (see _reference.py).
+        # mirrors csrc/pass.c there (see reference.py).
         assert core_rc == ref_rc, (
             f"cancel #{ref_id}: core says {CANCEL_NAMES.get(core_rc, core_rc)}, model "
-            f"{CANCEL_NAMES[ref_rc]}: the reaping model in _reference.py and the core disagree"
+            f"{CANCEL_NAMES[ref_rc]}: the reaping model in reference.py and the core disagree"
         )
 
     @rule(tid=timers)
@@ -585,15 +577,11 @@ def test_manual_core_refuses_after_stop():
 
 
 def test_advance_refused_with_a_real_thread():
-    opt = ffi.new("bt_options *")
-    lib.bt_options_init(opt)
-    out = ffi.new("bt_timer_thread **")
-    assert lib.bt_create(opt, out) == 0
+    tt = cffi_core()
     try:
-        assert lib.bt_advance(out[0], 10) < 0
+        assert lib.bt_advance(tt, 10) < 0
     finally:
-        lib.bt_stop(out[0])
-        lib.bt_destroy(out[0])
+        destroy_cffi_core(tt)
 
 
 def test_timer_at_int64_max_fires_at_int64_max():

@@ -1,6 +1,6 @@
 """A pure-Python reference model of the native core in manual-clock mode.
 
-The property tests (``tests/test_model.py``) drive the C core through
+The property tests beside it (``test_model.py``) drive the C core through
 ``bucketimer._cffi`` and this model side by side and require them to agree on
 everything observable: which timers fire, in which order, what every
 ``bt_cancel`` answers, what ``bt_next_deadline`` says, and the counters.
@@ -46,8 +46,8 @@ Cancel answers three ways, exactly as ``bt_cancel`` does:
     the old id can never touch a newer timer.
 
 Whether a second cancel answers ``TOO_LATE`` or ``UNKNOWN`` depends on exactly
-when the core reaps, which is an implementation choice of ``csrc/core.c``
-(``collect``, ``fire_due``, ``maybe_sweep``, ``bt_next_deadline``,
+when the core reaps, which is an implementation choice of ``csrc/pass.c``
+(``collect``, ``fire_due``, ``maybe_sweep``, ``bt__settle_top``,
 ``bt_timer_release``).  The model mirrors those reaping points; if the core
 changes when it reaps, this model (not the tests' other assertions) is what to
 update.  ``cancel(id) == CANCELLED`` is the part every correct core must match.
@@ -69,7 +69,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import _core
+from bucketimer import _core
 
 __all__ = [
     "CANCELLED",

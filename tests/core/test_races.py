@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from _helpers import SLOW, examples, wait_until
+from _helpers import SLOW, cffi_core, examples, wait_until
 from bucketimer._cffi import ffi, lib
 from hypothesis import currently_in_test_context, given, note
 from hypothesis import strategies as st
@@ -153,12 +153,7 @@ class RealCore:
     """A core with a real timer thread (default options) and one fd port."""
 
     def __init__(self) -> None:
-        opt = ffi.new("bt_options *")
-        lib.bt_options_init(opt)
-        out = ffi.new("bt_timer_thread **")
-        rc = lib.bt_create(opt, out)
-        assert rc == 0, rc
-        self.tt = out[0]
+        self.tt = cffi_core()
         pp = ffi.new("bt_port **")
         assert lib.bt_port_open(self.tt, 1, pp) == 0
         self.port = pp[0]

@@ -1,11 +1,13 @@
-"""Bad input, property-based: delays and deadlines of every kind, callbacks
-that are not callable, contexts that are not Contexts, wrong loops.
+"""Bad input: delays and deadlines of every kind, callbacks that are not
+callable, contexts that are not Contexts, wrong loops and closed
+TimerThreads.  A rejected call raises a clear exception, takes no slot and
+changes nothing already scheduled.
 
-Each example first schedules sentinel timers (three due within milliseconds,
-one far away); after the input under test got its exception or behaviour,
-the near sentinels must each have run exactly once, the far one must still be
-cancellable, and the core's ``scheduled`` counter must have moved by exactly
-the number of calls that returned a handle (a rejected call takes no slot).
+The property tests first schedule sentinel timers (three due within
+milliseconds, one far away); after the input under test got its exception or
+behaviour, the near sentinels must each have run exactly once, the far one
+must still be cancellable, and the core's ``scheduled`` counter must have
+moved by exactly the number of calls that returned a handle.
 
 The behaviour checked (documented in docs/guarantees.rst):
 
@@ -40,16 +42,174 @@ import time
 from collections import Counter
 
 import pytest
-from _helpers import examples, fd_count, wait_until
+from _helpers import Recorder, examples, fd_count, var, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 
 import bucketimer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(60)
+
+
+class NoFloat:
+    pass
+
+
+BAD_CALLS = [
+    pytest.param(lambda tt, cb: tt.call_later(0.01, 42), TypeError, id="non-callable"),
+    pytest.param(lambda tt, cb: tt.call_later(0.01, None), TypeError, id="callback-None"),
+    pytest.param(lambda tt, cb: tt.call_later(math.nan, cb), ValueError, id="nan"),
+    pytest.param(lambda tt, cb: tt.call_at(math.nan, cb), ValueError, id="call_at-nan"),
+    pytest.param(lambda tt, cb: tt.call_later(decimal.Decimal("NaN"), cb), ValueError, id="decimal-nan"),
+    pytest.param(lambda tt, cb: tt.call_later(True, cb), TypeError, id="bool"),
+    pytest.param(lambda tt, cb: tt.call_at(False, cb), TypeError, id="call_at-bool"),
+    pytest.param(lambda tt, cb: tt.call_later("1", cb), TypeError, id="str"),
+    pytest.param(lambda tt, cb: tt.call_later(b"1", cb), TypeError, id="bytes"),
+    pytest.param(lambda tt, cb: tt.call_later(None, cb), TypeError, id="None"),
+    pytest.param(lambda tt, cb: tt.call_later(1j, cb), TypeError, id="complex"),
+    pytest.param(lambda tt, cb: tt.call_later(NoFloat(), cb), TypeError, id="object"),
+    pytest.param(lambda tt, cb: tt.call_later(0.01), TypeError, id="no-callback"),
+    pytest.param(lambda tt, cb: tt.call_later(), TypeError, id="no-args"),
+    pytest.param(lambda tt, cb: tt.call_later(0.01, cb, bogus=1), TypeError, id="bad-keyword"),
+    pytest.param(lambda tt, cb: tt.call_later(0.01, cb, context={}), TypeError, id="bad-context"),
+    pytest.param(lambda tt, cb: tt.call_later(0.01, cb, loop="loop"), TypeError, id="bad-loop"),
+]
+
+
+@pytest.mark.parametrize("call, exc", BAD_CALLS)
+def test_bad_input_raises_and_changes_nothing(tt, call, exc):
+    sentinel = Recorder("sentinel")
+    keeper = Recorder("keeper")
+    hs = tt.call_later(0.03, sentinel)
+    hk = tt.call_later(30, keeper)
+    before = tt.stats()
+    with pytest.raises(exc):
+        call(tt, Recorder("bad"))
+    after = tt.stats()
+    assert after["scheduled"] == before["scheduled"] == 2
+    assert after["slots"] - after["slots_free"] == 2
+    sentinel.wait()
+    assert not hs.cancelled()
+    assert hk.cancel() is True
+    assert keeper.calls == []
+
+
+def test_closed_loop_is_refused(tt):
+    loop = asyncio.new_event_loop()
+    loop.close()
+    cb = Recorder()
+    sentinel = tt.call_later(30, cb)
+    with pytest.raises(RuntimeError):
+        tt.call_later(0, cb, loop=loop)
+    assert sentinel.cancel() is True
+
+
+@pytest.mark.parametrize(
+    "delay",
+    [0, 0.0, -0.0, -1, -1e300, -math.inf, -(10**400), fractions.Fraction(-1, 3), decimal.Decimal(-5)],
+    ids=repr,
+)
+def test_zero_and_negative_delays_fire_as_soon_as_possible(tt, delay):
+    cb = Recorder()
+    t0 = time.monotonic()
+    h = tt.call_later(delay, cb)
+    call = cb.wait(5)
+    assert call["at"] - t0 < 5
+    assert not h.cancelled()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda tt, cb: tt.call_later(math.inf, cb), id="inf"),
+        pytest.param(lambda tt, cb: tt.call_at(math.inf, cb), id="call_at-inf"),
+        pytest.param(lambda tt, cb: tt.call_later(10**400, cb), id="huge-int"),
+        pytest.param(lambda tt, cb: tt.call_later(2**63, cb), id="2**63"),
+        pytest.param(lambda tt, cb: tt.call_later(1e300, cb), id="1e300"),
+        pytest.param(lambda tt, cb: tt.call_at(10**30, cb), id="call_at-huge"),
+    ],
+)
+def test_infinite_delays_never_fire_but_can_be_cancelled(tt, make):
+    never = Recorder("never")
+    soon = Recorder("soon")
+    h = make(tt, never)
+    tt.call_later(0.02, soon)  # a later, finite timer still fires
+    soon.wait()
+    time.sleep(0.02)
+    assert never.calls == []
+    assert h.when() == math.inf or h.when() > 1e9
+    assert h.cancel() is True
+    assert h.cancelled()
+
+
+def test_int_and_float_subclasses_and_numbers_are_accepted(tt):
+    cb = Recorder()
+    done = []
+    hs = [
+        tt.call_later(fractions.Fraction(1, 100), done.append, 1),
+        tt.call_later(decimal.Decimal("0.01"), done.append, 2),
+        tt.call_at(time.monotonic(), done.append, 3),
+        tt.call_at(int(time.monotonic()), done.append, 4),
+        tt.call_later(0, cb),
+    ]
+    cb.wait()
+    deadline = time.monotonic() + 5
+    while len(done) < 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert sorted(done) == [1, 2, 3, 4]
+    assert not any(h.cancelled() for h in hs)
+
+
+def test_closed_timer_thread_refuses_new_timers():
+    tt = bucketimer.TimerThread()
+    other = bucketimer.TimerThread()
+    try:
+        cb = Recorder()
+        keep = other.call_later(30, cb)
+        tt.close()
+        assert tt.closed
+        with pytest.raises(RuntimeError):
+            tt.call_later(0.01, cb)
+        with pytest.raises(RuntimeError):
+            tt.call_at(time.monotonic(), cb)
+        tt.close()  # idempotent
+        assert keep.cancel() is True  # another TimerThread is unaffected
+    finally:
+        other.close()
+
+
+def test_context_manager_closes():
+    with bucketimer.TimerThread() as tt:
+        assert not tt.closed
+        h = tt.call_later(30, print)
+    assert tt.closed
+    assert h.cancel() is False
+    with pytest.raises(RuntimeError):
+        tt.call_later(1, print)
+
+
+def test_constructor_arguments():
+    with pytest.raises(ValueError):
+        bucketimer.TimerThread(0)
+    with pytest.raises(ValueError):
+        bucketimer.TimerThread(257)
+    with pytest.raises(ValueError):
+        bucketimer.TimerThread(drain_threshold=1)
+    with bucketimer.TimerThread(1, drain_threshold=16) as tt:
+        cb = Recorder()
+        tt.call_later(0, cb)
+        cb.wait()
+
+
+# -- close ------------------------------------------------------------------------------
+
 
 NEVER_S = 9.2e9  # the core's "forever" threshold, seconds
+
+
 SOON_S = 0.05  # deadlines closer than this may fire while the example runs
+
+
 HORIZON_S = 2.0  # deadlines further than this must not fire during it
 
 
@@ -133,6 +293,7 @@ TYPE_ERRORS = st.one_of(
     st.dictionaries(st.integers(), st.integers(), max_size=1),
 )
 
+
 NUMBERS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.floats(min_value=-0.01, max_value=0.01),
@@ -148,6 +309,7 @@ NUMBERS = st.one_of(
     st.builds(FloatLike, st.floats(allow_nan=True, allow_infinity=True)),
     st.sampled_from([-(2**63), 2**63 - 1, 2**64 + 1, NEVER_S, NEVER_S * 1.0000001, 9.19e9, -9.2e9, 5e-324, -0.0]),
 )
+
 
 VALUES = st.one_of(NUMBERS, TYPE_ERRORS, st.just(FloatRaises()))
 
@@ -293,9 +455,6 @@ def test_callables_of_every_kind_run(mtt):
     sentinels.check()
 
 
-var = contextvars.ContextVar("var", default="unset")
-
-
 @examples(default=30, slow=500)
 @given(ctx=st.one_of(st.integers(), st.text(max_size=3), st.builds(object), st.builds(dict),
                      st.just(contextvars.ContextVar("v")), st.booleans()))
@@ -423,3 +582,4 @@ def test_closed_timer_thread_raises_runtimeerror_before_looking_at_arguments():
             tt.call_later(*args)
         with pytest.raises(RuntimeError, match="closed"):
             tt.call_at(*args)
+

@@ -4,7 +4,7 @@ httpx (through httpcore's anyio backend) wraps every socket operation and
 every wait for a pooled connection in ``anyio.fail_after``, so each request
 arms and disarms several cancel-scope deadlines, and a timeout cancels a
 pending socket read or a wait on the pool rather than a sleep: the I/O side
-of what ``test_loop_anyio.py`` checks with sleeps.  The server is aiohttp's,
+of what ``test_with_anyio.py`` checks with sleeps.  The server is aiohttp's,
 on 127.0.0.1.  What is pinned: a request in time disarms every deadline it
 armed, and keep-alive serves several requests on one connection;
 ``read=`` raises ``httpx.ReadTimeout`` no earlier than the timeout and the

@@ -1,9 +1,10 @@
-"""timeout(), timeout_at(), Timeout and wait_for(): bucketimer's against asyncio's.
+"""timeout(), timeout_at() and Timeout: bucketimer's against asyncio's.
 
 Every behaviour is written once and run against the stock asyncio helpers
 (the reference) and bucketimer.aio's, on the stock loop, on uvloop's loop
-(where installed) and on bucketimer's drop-in loop.  An assertion that the
-reference fails is a wrong test, not a finding.
+(where installed) and on bucketimer's drop-in loop (the ``t`` and ``run``
+fixtures of conftest.py).  An assertion that the reference fails is a wrong
+test, not a finding.
 """
 
 from __future__ import annotations
@@ -14,73 +15,15 @@ import decimal
 import fractions
 import math
 import sys
-import types
 
 import pytest
 from _helpers import examples
+from _impls import IMPLS, INSERTS_TIMEOUT_ERROR, PY312, no_warning
 from hypothesis import given
 from hypothesis import strategies as st
 
 import bucketimer
 from bucketimer import aio
-from bucketimer import loop as bt_loop
-
-try:
-    import uvloop
-except ImportError:  # pragma: no cover
-    uvloop = None
-
-PY312 = sys.version_info >= (3, 12)
-# 3.13 (not 3.12.1) puts a TimeoutError into the chain of an exception raised
-# while handling the timeout's CancelledError.
-INSERTS_TIMEOUT_ERROR = hasattr(asyncio.timeouts.Timeout, "_insert_timeout_error")
-
-def _no_warning():
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
-IMPLS = {
-    "asyncio": types.SimpleNamespace(
-        name="asyncio",
-        timeout=asyncio.timeout,
-        timeout_at=asyncio.timeout_at,
-        Timeout=asyncio.Timeout,
-        wait_for=asyncio.wait_for,
-    ),
-    "bucketimer": types.SimpleNamespace(
-        name="bucketimer",
-        timeout=aio.timeout,
-        timeout_at=aio.timeout_at,
-        Timeout=aio.Timeout,
-        wait_for=aio.wait_for,
-    ),
-}
-
-LOOPS = {"stock": asyncio.SelectorEventLoop, "bucketimer-loop": bt_loop.EventLoop}
-if uvloop is not None:
-    LOOPS["uvloop"] = uvloop.new_event_loop
-
-
-@pytest.fixture(params=sorted(IMPLS))
-def t(request):
-    return IMPLS[request.param]
-
-
-@pytest.fixture(params=sorted(LOOPS))
-def run(request):
-    """run(coroutine) on a fresh loop of the parametrized kind."""
-    factory = LOOPS[request.param]
-
-    def _run(coro):
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(coro)
-
-    return _run
-
-
-# -- None, zero, negative ------------------------------------------------------
 
 
 def test_none_never_fires(t, run):
@@ -93,7 +36,6 @@ def test_none_never_fires(t, run):
 
     assert run(main()) == "done"
 
-
 def test_timeout_at_none(t, run):
     async def main():
         async with t.timeout_at(None) as cm:
@@ -101,7 +43,6 @@ def test_timeout_at_none(t, run):
         return cm.expired(), cm.when()
 
     assert run(main()) == (False, None)
-
 
 @pytest.mark.parametrize("delay", [0, -1, -1e9])
 def test_zero_and_negative_fire_on_next_iteration(t, run, delay):
@@ -120,7 +61,6 @@ def test_zero_and_negative_fire_on_next_iteration(t, run, delay):
 
     assert run(main()) == ["in"]
 
-
 @pytest.mark.parametrize("delay", [0, -1])
 def test_zero_without_await_does_not_raise(t, run, delay):
     async def main():
@@ -134,7 +74,6 @@ def test_zero_without_await_does_not_raise(t, run, delay):
 
     assert run(main()) == 2
 
-
 def test_timeout_at_past(t, run):
     async def main():
         loop = asyncio.get_running_loop()
@@ -147,7 +86,6 @@ def test_timeout_at_past(t, run):
 
 
 # -- firing, when(), expired() -----------------------------------------------------
-
 
 def test_fires_and_converts_to_timeout_error(t, run):
     async def main():
@@ -167,7 +105,6 @@ def test_fires_and_converts_to_timeout_error(t, run):
     elapsed = run(main())
     assert 0.015 <= elapsed < 5
 
-
 def test_when_is_loop_time_plus_delay(t, run):
     async def main():
         loop = asyncio.get_running_loop()
@@ -182,7 +119,6 @@ def test_when_is_loop_time_plus_delay(t, run):
 
     assert run(main()) == "ok"
 
-
 def test_finishes_in_time(t, run):
     async def main():
         async with t.timeout(5) as cm:
@@ -193,7 +129,6 @@ def test_finishes_in_time(t, run):
         return asyncio.current_task().cancelling()
 
     assert run(main()) == 0
-
 
 def test_repr(t, run):
     async def main():
@@ -212,7 +147,6 @@ def test_repr(t, run):
 
     assert run(main()) == "ok"
 
-
 def test_timeout_class_usable_directly(t, run):
     async def main():
         loop = asyncio.get_running_loop()
@@ -227,7 +161,6 @@ def test_timeout_class_usable_directly(t, run):
 
 # -- reschedule() -----------------------------------------------------------------
 
-
 def test_reschedule_earlier(t, run):
     async def main():
         loop = asyncio.get_running_loop()
@@ -241,7 +174,6 @@ def test_reschedule_earlier(t, run):
 
     assert run(main()) < 5
 
-
 def test_reschedule_later(t, run):
     async def main():
         loop = asyncio.get_running_loop()
@@ -254,7 +186,6 @@ def test_reschedule_later(t, run):
 
     assert run(main()) == 0
 
-
 def test_reschedule_to_none(t, run):
     async def main():
         async with t.timeout(0.01) as cm:
@@ -264,7 +195,6 @@ def test_reschedule_to_none(t, run):
         return cm.expired()
 
     assert run(main()) is False
-
 
 def test_reschedule_from_none(t, run):
     async def main():
@@ -276,7 +206,6 @@ def test_reschedule_from_none(t, run):
         return cm.expired()
 
     assert run(main()) is True
-
 
 def test_reschedule_to_past_fires_next_iteration(t, run):
     steps = []
@@ -293,7 +222,6 @@ def test_reschedule_to_past_fires_next_iteration(t, run):
 
     assert run(main()) == [1]
 
-
 def test_reschedule_many_times_keeps_one_timer(t, run):
     async def main():
         loop = asyncio.get_running_loop()
@@ -305,7 +233,6 @@ def test_reschedule_many_times_keeps_one_timer(t, run):
         return cm.expired()
 
     assert run(main()) is False
-
 
 def test_reschedule_state_errors(t, run):
     async def main():
@@ -335,14 +262,12 @@ def test_reschedule_state_errors(t, run):
 
 # -- use outside a task, re-entry -------------------------------------------------------
 
-
 def test_timeout_outside_running_loop(t):
     with pytest.raises(RuntimeError):
         t.timeout(1)
     # timeout_at() does not need a loop until entered
     cm = t.timeout_at(None)
     assert cm.when() is None
-
 
 def test_enter_outside_task(t, run):
     """A running loop but no task: driven from a plain callback."""
@@ -370,7 +295,6 @@ def test_enter_outside_task(t, run):
     e = run(main())
     assert isinstance(e, RuntimeError)
     assert str(e) == "Timeout should be used inside a task"
-
 
 def test_enter_made_in_a_task_driven_outside_it(t, run):
     """__aenter__() only makes a coroutine: the check for a task, and the
@@ -403,7 +327,6 @@ def test_enter_made_in_a_task_driven_outside_it(t, run):
     assert r == "<Timeout [created]>"
     assert cancelling == 0
 
-
 def test_reschedule_before_enter_is_driven(t, run):
     """A Timeout whose __aenter__() was called but not awaited has not been
     entered: reschedule() refuses, and the await enters it afterwards."""
@@ -420,7 +343,6 @@ def test_reschedule_before_enter_is_driven(t, run):
         return repr(cm)
 
     assert run(main()) == "<Timeout [finished]>"
-
 
 def test_exit_happens_when_awaited(t, run):
     """__aexit__() too does its work when awaited: until then the Timeout
@@ -442,7 +364,6 @@ def test_exit_happens_when_awaited(t, run):
     before, expired, _ = run(main())
     assert before.startswith("<Timeout [active] when=")
     assert expired
-
 
 def test_enter_and_exit_awaitables_are_one_shot(t, run):
     """What __aenter__()/__aexit__() return runs once, like any coroutine:
@@ -467,7 +388,6 @@ def test_enter_and_exit_awaitables_are_one_shot(t, run):
 
     assert run(main()) == ("<Timeout [finished]>", "<Timeout [created]>")
 
-
 def test_stop_iteration_that_picked_up_notes_is_not_reused(t, run):
     """bucketimer raises one StopIteration again and again while nobody else
     holds it; one that someone caught and decorated (a note, an attribute)
@@ -491,7 +411,6 @@ def test_stop_iteration_that_picked_up_notes_is_not_reused(t, run):
 
     assert run(main()) == (None, None, True)
 
-
 def test_reentry_raises(t, run):
     async def main():
         cm = t.timeout(10)
@@ -509,7 +428,6 @@ def test_reentry_raises(t, run):
 
 # -- nesting -------------------------------------------------------------------------
 
-
 def test_nested_inner_fires(t, run):
     async def main():
         async with t.timeout(30) as outer:
@@ -520,7 +438,6 @@ def test_nested_inner_fires(t, run):
         return inner.expired(), outer.expired(), asyncio.current_task().cancelling()
 
     assert run(main()) == (True, False, 0)
-
 
 def test_nested_outer_fires(t, run):
     seen = []
@@ -539,7 +456,6 @@ def test_nested_outer_fires(t, run):
     assert run(main()) == (False, True, 0)
     # the inner timeout lets the CancelledError through, untouched
     assert seen == [asyncio.CancelledError]
-
 
 def test_nested_both_expire(t, run):
     """Both deadlines pass before the task runs again: the outer one reports."""
@@ -562,7 +478,6 @@ def test_nested_both_expire(t, run):
     assert run(main()) == (True, True, 0)
     assert seen == [asyncio.CancelledError]
 
-
 def test_nested_inner_caught_then_outer_fires(t, run):
     async def main():
         loop = asyncio.get_running_loop()
@@ -581,7 +496,6 @@ def test_nested_inner_caught_then_outer_fires(t, run):
 
 # -- TaskGroups -------------------------------------------------------------------------
 
-
 def test_taskgroup_inside_timeout(t, run):
     started = []
 
@@ -599,7 +513,6 @@ def test_taskgroup_inside_timeout(t, run):
     assert run(main()) == (True, 0)
     assert started == [1, 1]
 
-
 def test_timeout_inside_taskgroup_child(t, run):
     async def child():
         async with t.timeout(0.01):
@@ -613,7 +526,6 @@ def test_timeout_inside_taskgroup_child(t, run):
         return [type(e) for e in ei.value.exceptions]
 
     assert run(main()) == [TimeoutError]
-
 
 def test_timeout_inside_taskgroup_child_handled(t, run):
     async def child():
@@ -630,7 +542,6 @@ def test_timeout_inside_taskgroup_child_handled(t, run):
 
     assert run(main()) == "timed out"
 
-
 def _chain(e):
     """Types along an exception's __context__ chain (c: has a __cause__)."""
     out = []
@@ -638,7 +549,6 @@ def _chain(e):
         out.append(type(e).__name__ + ("(c)" if e.__cause__ is not None else ""))
         e = e.__context__
     return out
-
 
 def test_taskgroup_child_fails_on_cancel_inside_timeout(t, run):
     """A child raising while the group is cancelled by the timeout: the
@@ -667,7 +577,6 @@ def test_taskgroup_child_fails_on_cancel_inside_timeout(t, run):
     assert got == scenario(IMPLS["asyncio"])
     assert got[0] is True
     assert got[2][0][0] == "ValueError"
-
 
 def test_exception_group_chain_gets_timeout_error(t, run):
     """3.13: an ExceptionGroup raised while handling the timeout's
@@ -699,7 +608,6 @@ def test_exception_group_chain_gets_timeout_error(t, run):
 
 # -- cancelled from outside, uncancel bookkeeping ------------------------------------------
 
-
 def test_outside_cancel_propagates(t, run):
     async def inner(started):
         async with t.timeout(30) as cm:
@@ -717,7 +625,6 @@ def test_outside_cancel_propagates(t, run):
         return cm.expired(), task.cancelled()
 
     assert run(main()) == (False, True)
-
 
 def test_outside_cancel_and_expiry_together_is_cancel(t, run):
     """The timeout expired, but somebody else cancelled the task too: the
@@ -741,7 +648,6 @@ def test_outside_cancel_and_expiry_together_is_cancel(t, run):
     assert run(main()) == (True, 1)
     assert seen == ["cancelled"]
 
-
 def test_uncancel_restores_baseline(t, run):
     """A task already carrying a cancel request (caught, not uncancelled)
     still gets a TimeoutError, and its count is unchanged afterwards."""
@@ -763,7 +669,6 @@ def test_uncancel_restores_baseline(t, run):
 
     assert run(main()) == 1
 
-
 def test_uncancel_after_expiry_back_to_zero(t, run):
     async def main():
         task = asyncio.current_task()
@@ -775,7 +680,6 @@ def test_uncancel_after_expiry_back_to_zero(t, run):
         return "ok"
 
     assert run(main()) == "ok"
-
 
 def test_swallowed_cancellation_inside_block(t, run):
     """The body swallows the timeout's CancelledError and returns normally:
@@ -794,7 +698,6 @@ def test_swallowed_cancellation_inside_block(t, run):
 
 
 # -- exception chaining ------------------------------------------------------------------------
-
 
 def test_error_raised_while_handling_timeout(t, run):
     """An exception raised in the block while the timeout's CancelledError is
@@ -819,7 +722,6 @@ def test_error_raised_while_handling_timeout(t, run):
     else:
         assert isinstance(exc.__context__, asyncio.CancelledError)
 
-
 def test_error_unrelated_to_timeout(t, run):
     async def main():
         with pytest.raises(KeyError):
@@ -828,7 +730,6 @@ def test_error_unrelated_to_timeout(t, run):
         return cm.expired()
 
     assert run(main()) is False
-
 
 def test_callback_runs_in_task_context(t, run):
     """The expiry callback (asyncio: in a copy of the context active at
@@ -848,319 +749,6 @@ def test_callback_runs_in_task_context(t, run):
 
 # -- wait_for -----------------------------------------------------------------------------------
 
-
-def test_wait_for_result(t, run):
-    async def work():
-        await asyncio.sleep(0.001)
-        return 42
-
-    async def main():
-        return await t.wait_for(work(), 5)
-
-    assert run(main()) == 42
-
-
-def test_wait_for_finishing_coroutine(t, run):
-    async def work():
-        return "now"
-
-    async def main():
-        return [await t.wait_for(work(), 5) for _ in range(50)]
-
-    assert run(main()) == ["now"] * 50
-
-
-def test_wait_for_none(t, run):
-    async def work():
-        await asyncio.sleep(0.01)
-        return 1
-
-    async def main():
-        return await t.wait_for(work(), None)
-
-    assert run(main()) == 1
-
-
-def test_wait_for_times_out_and_cancels_inner(t, run):
-    cancelled = []
-
-    async def work():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        with pytest.raises(TimeoutError) as ei:
-            await t.wait_for(work(), 0.02)
-        assert isinstance(ei.value.__cause__, asyncio.CancelledError)
-        return loop.time() - t0, asyncio.current_task().cancelling()
-
-    elapsed, cancelling = run(main())
-    assert 0.015 <= elapsed < 5
-    assert cancelling == 0
-    assert cancelled == [True]
-
-
-@pytest.mark.parametrize("timeout", [0, -1])
-def test_wait_for_zero_does_not_start_coroutine(t, run, timeout):
-    started = []
-
-    async def work():
-        started.append(1)
-
-    async def main():
-        with pytest.raises(TimeoutError) as ei:
-            await t.wait_for(work(), timeout)
-        assert isinstance(ei.value.__cause__, asyncio.CancelledError)
-        return started
-
-    assert run(main()) == []
-
-
-def test_wait_for_zero_done_future(t, run):
-    async def main():
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result("ready")
-        return await t.wait_for(fut, 0)
-
-    assert run(main()) == "ready"
-
-
-def test_wait_for_future(t, run):
-    async def main():
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        loop.call_later(0.005, fut.set_result, "later")
-        return await t.wait_for(fut, 5)
-
-    assert run(main()) == "later"
-
-
-def test_wait_for_future_times_out_cancels_it(t, run):
-    async def main():
-        fut = asyncio.get_running_loop().create_future()
-        with pytest.raises(TimeoutError):
-            await t.wait_for(fut, 0.01)
-        return fut.cancelled()
-
-    assert run(main()) is True
-
-
-def test_wait_for_cancelled_from_outside(t, run):
-    inner_cancelled = []
-
-    async def work():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            inner_cancelled.append(True)
-            raise
-
-    async def waiter(ready):
-        ready.set_result(None)
-        return await t.wait_for(work(), 30)
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        ready = loop.create_future()
-        task = asyncio.create_task(waiter(ready))
-        await ready
-        await asyncio.sleep(0.005)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        return task.cancelled()
-
-    assert run(main()) is True
-    assert inner_cancelled == [True]
-
-
-def test_wait_for_suppressed_cancellation_returns_value(t, run):
-    """The awaited coroutine swallows the cancellation and returns a value:
-    wait_for returns that value (3.11: after waiting for the wrapped task;
-    3.12+: directly)."""
-
-    async def stubborn():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            return "suppressed"
-
-    async def main():
-        return await t.wait_for(stubborn(), 0.01)
-
-    assert run(main()) == "suppressed"
-
-
-def test_wait_for_exception_propagates(t, run):
-    async def boom():
-        await asyncio.sleep(0.001)
-        raise ZeroDivisionError
-
-    async def main():
-        with pytest.raises(ZeroDivisionError):
-            await t.wait_for(boom(), 5)
-        return asyncio.current_task().cancelling()
-
-    assert run(main()) == 0
-
-
-def test_wait_for_runs_coroutine_in_same_task_on_312(t, run):
-    """3.11 wraps the coroutine in a new Task; 3.12+ awaits it in place."""
-
-    async def who():
-        return asyncio.current_task()
-
-    async def main():
-        return (await t.wait_for(who(), 5)) is asyncio.current_task()
-
-    assert run(main()) is PY312
-
-
-def test_wait_for_inside_timeout(t, run):
-    async def main():
-        with pytest.raises(TimeoutError):
-            async with t.timeout(0.01) as cm:
-                await t.wait_for(asyncio.sleep(10), 30)
-        return cm.expired(), asyncio.current_task().cancelling()
-
-    assert run(main()) == (True, 0)
-
-
-def test_wait_for_timeout_inside_outer_timeout(t, run):
-    async def main():
-        async with t.timeout(30) as cm:
-            with pytest.raises(TimeoutError):
-                await t.wait_for(asyncio.sleep(10), 0.01)
-        return cm.expired(), asyncio.current_task().cancelling()
-
-    assert run(main()) == (False, 0)
-
-
-def test_wait_for_as_task_gather_and_taskgroup(t, run):
-    """What wait_for() returns is a coroutine to asyncio: create_task(),
-    gather() and TaskGroup.create_task() take it."""
-
-    async def value(v, delay=0.0):
-        await asyncio.sleep(delay)
-        return v
-
-    async def main():
-        assert asyncio.iscoroutine(c := t.wait_for(value(0), 5))
-        task = asyncio.create_task(c)
-        got = [await task]
-        got += await asyncio.gather(t.wait_for(value(1), 5), t.wait_for(value(2, 0.001), 5))
-        async with asyncio.TaskGroup() as tg:
-            tt = tg.create_task(t.wait_for(value(3), 5))
-        got.append(tt.result())
-        with pytest.raises(TimeoutError):
-            await asyncio.create_task(t.wait_for(value(4, 10), 0.01))
-        return got, repr(task).startswith("<Task finished"), task.get_stack()
-
-    assert run(main()) == ([0, 1, 2, 3], True, [])
-
-
-def test_wait_for_keywords(t, run):
-    async def value():
-        return "kw"
-
-    async def main():
-        return await t.wait_for(fut=value(), timeout=5)
-
-    assert run(main()) == "kw"
-
-
-def test_wait_for_not_awaitable(t, run):
-    async def main():
-        with pytest.raises(TypeError):
-            await t.wait_for(42, 5)
-        with pytest.raises(TypeError):
-            await t.wait_for(42, None)
-        return asyncio.current_task().cancelling()
-
-    assert run(main()) == 0
-
-
-def test_wait_for_coroutine_protocol(t, run):
-    """send/throw/close by hand behave as on any coroutine."""
-
-    async def main():
-        fut = asyncio.get_running_loop().create_future()
-        # thrown into before it started: raised, and it is finished
-        c = t.wait_for(fut, 5)
-        with pytest.raises(ValueError):
-            c.throw(ValueError("before start"))
-        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
-            c.send(None)
-        # run to completion by hand: the value comes in StopIteration (3.11
-        # runs even a done future through a Task, unless without timeout)
-        fut.set_result("by hand")
-        c = t.wait_for(fut, 5 if PY312 else None)
-        with pytest.raises(StopIteration) as si:
-            c.send(None)
-        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
-            c.send(None)
-        c.close()  # closing a finished coroutine does nothing
-        # closed before it started
-        c = t.wait_for(fut, 5)
-        c.close()
-        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
-            c.send(None)
-        return si.value.value
-
-    assert run(main()) == "by hand"
-
-
-@pytest.mark.parametrize("how", ["close", "collect"])
-def test_wait_for_dropped_while_suspended_disarms_timer(t, run, how):
-    """A wait_for closed (or garbage-collected) while it waits exits its
-    timeout: the timer that would have cancelled the task never fires."""
-    import gc
-
-    async def main():
-        fut = asyncio.get_running_loop().create_future()
-        c = t.wait_for(fut, 0.02)
-        yielded = c.send(None)  # suspended on fut
-        assert isinstance(yielded, asyncio.Future)  # fut itself from 3.12 on
-        if how == "close":
-            c.close()
-        else:
-            del c, yielded
-            gc.collect()
-        await asyncio.sleep(0.06)  # the timeout would have cancelled us here
-        return asyncio.current_task().cancelling()
-
-    assert run(main()) == 0
-
-
-def test_wait_for_timeout_error_chain_inside_except(t, run):
-    """Awaited inside an ``except`` block, the TimeoutError has the timeout's
-    CancelledError as its cause, and from 3.12 (the interpreter chains it as
-    it enters the awaiting frame) the exception being handled there as its
-    context."""
-
-    async def main():
-        try:
-            raise KeyError("being handled")
-        except KeyError:
-            try:
-                await t.wait_for(asyncio.sleep(10), 0.01)
-            except TimeoutError as e:
-                return type(e.__cause__), type(e.__context__), e.__suppress_context__
-
-    # 3.11's wait_for raises it in its own frame, after which nothing
-    # chains it again on the way into the awaiting one
-    assert run(main()) == (asyncio.CancelledError, KeyError if PY312 else asyncio.CancelledError,
-                           True)
-
-
-# -- bucketimer specifics (not in the reference) --------------------------------------------
-
-
 def test_timer_lives_in_the_core():
     tt = bucketimer.default_timer_thread()
 
@@ -1175,7 +763,6 @@ def test_timer_lives_in_the_core():
 
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
         assert r.run(main()) == 2
-
 
 def test_reschedule_later_moves_the_timer_in_place():
     """A later deadline moves the armed timer in the core (an idle timeout
@@ -1212,7 +799,6 @@ def test_reschedule_later_moves_the_timer_in_place():
     assert not_early
     assert elapsed < 5
 
-
 def test_reschedule_earlier_or_past_rearms():
     """An earlier or already-passed deadline cannot move the timer in place:
     it is re-armed (asyncio's way), and fires when asked."""
@@ -1230,7 +816,6 @@ def test_reschedule_earlier_or_past_rearms():
 
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
         assert r.run(main()) == (2, 0)
-
 
 def test_timer_thread_replaced_after_close():
     """When the default TimerThread is closed, the helpers move to the new one."""
@@ -1251,7 +836,6 @@ def test_timer_thread_replaced_after_close():
     assert second is not first
     assert fired >= 1
     assert second.stats()["fired"] == 1
-
 
 def test_enter_value_when_stop_iteration_is_kept(t, run):
     """Whoever keeps the StopIteration that delivered __aenter__'s value
@@ -1276,7 +860,6 @@ def test_enter_value_when_stop_iteration_is_kept(t, run):
     assert types_ == [t.Timeout] * 3
     assert distinct == 3
 
-
 def test_throw_into_enter_and_wait_for_by_hand(t, run):
     """throw() by hand into __aenter__'s awaitable and into a wait_for that
     has not started: the exception comes straight back, in both spellings,
@@ -1299,9 +882,8 @@ def test_throw_into_enter_and_wait_for_by_hand(t, run):
         c.close()
         return got
 
-    with pytest.warns(DeprecationWarning) if PY312 and t.name == "asyncio" else _no_warning():
+    with pytest.warns(DeprecationWarning) if PY312 and t.name == "asyncio" else no_warning():
         assert run(main()) == [("instance",), ("type and value",)]
-
 
 def test_timeout_not_kept_alive_after_exit(t, run):
     import weakref
@@ -1314,7 +896,6 @@ def test_timeout_not_kept_alive_after_exit(t, run):
         return ref() is None
 
     assert run(main())
-
 
 def test_no_running_loop_after_a_loop_ran(t, run):
     """Once a loop has run and stopped in this thread, there is again no
@@ -1329,66 +910,6 @@ def test_no_running_loop_after_a_loop_ran(t, run):
     with pytest.raises(RuntimeError):
         t.timeout(1)
 
-
-@pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
-def test_c_wait_for_matches_asyncio_messages_and_attributes():
-    class ReturnsInt:
-        def __await__(self):
-            return 42
-
-    made = []
-
-    class ReturnsCoroutine:
-        def __await__(self):
-            made.append(asyncio.sleep(0))  # a coroutine, not an iterator
-            return made[-1]
-
-    async def main():
-        msgs = []
-        for bad in (42, ReturnsInt(), ReturnsCoroutine()):
-            for wf in (asyncio.wait_for, aio.wait_for):
-                try:
-                    await wf(bad, 5)
-                except TypeError as e:
-                    msgs.append(str(e))
-        fut = asyncio.get_running_loop().create_future()
-        c = aio.wait_for(fut, 5)
-        attrs = [c.cr_await, c.cr_running, c.cr_frame, c.__name__]
-        c.send(None)
-        attrs.append(c.cr_await is not None)
-        c.close()
-        attrs.append(c.cr_await)
-        return msgs, attrs
-
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
-        msgs, attrs = r.run(main())
-    # each worded as the running interpreter words it
-    assert len(msgs) == 6
-    assert msgs[0] == msgs[1] and "int" in msgs[0]
-    assert msgs[2] == msgs[3] and "int" in msgs[2]
-    assert msgs[4] == msgs[5] and "coroutine" in msgs[4]
-    for c in made:
-        c.close()
-    assert attrs == [None, False, None, "wait_for", True, None]
-
-
-@pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
-def test_c_wait_for_never_awaited_warns():
-    async def work():
-        pass
-
-    coro = work()
-    with pytest.warns(RuntimeWarning, match="coroutine 'wait_for' was never awaited"):
-        c = aio.wait_for(coro, 5)
-        del c
-        import gc
-
-        gc.collect()
-    coro.close()
-
-
-# -- any delay: the same outcome as asyncio's (property-based) -------------------------------
-
 _DELAYS = st.one_of(
     st.none(),
     st.booleans(),
@@ -1401,7 +922,6 @@ _DELAYS = st.one_of(
     st.sampled_from(["1", b"1", 1j, [], object()]),
 )
 
-
 def _outcome(make):
     """("ok", value) or ("raises", exception type) of awaiting make()."""
 
@@ -1412,7 +932,6 @@ def _outcome(make):
             return "raises", type(e)
 
     return one
-
 
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 @examples(default=60, slow=400)
@@ -1458,7 +977,6 @@ def test_any_delay_same_outcome_as_asyncio(delay, sleeps):
                                                      fractions.Fraction)) and 0 < delay < 0.05
                 continue
             assert ours == ref, (delay, ours, ref)
-
 
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 def test_nan_delay_is_an_error():
