@@ -22,7 +22,7 @@ from typing import Any
 
 from . import loop
 from ._core import monotonic_ns
-from ._timers import Handle, TimerThread, call_at, call_later, default_timer_thread
+from ._timers import Handle, Stats, TimerThread, call_at, call_later, default_timer_thread
 from ._version import __version__ as __version__
 from .aio import Timeout, timeout, timeout_at, wait_for
 from .loop import EventLoop, install, new_event_loop, run
@@ -30,6 +30,7 @@ from .loop import EventLoop, install, new_event_loop, run
 __all__ = [
     "EventLoop",
     "Handle",
+    "Stats",
     "Timeout",
     "TimerThread",
     "call_at",

@@ -13,11 +13,13 @@ import contextvars
 import logging
 import threading
 import time
+import typing
 
 import pytest
 from _helpers import Recorder, check_ok, run_python, var, wait_until
 
 import bucketimer
+from bucketimer import _core
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -269,6 +271,10 @@ def test_equal_deadlines_fire_in_schedule_order(tt, run, where, offset):
     assert len({h.when() for h in hs}) == 1
 
 
+def test_stats_keys_are_those_the_typeddict_declares(tt):
+    assert sorted(tt.stats()) == sorted(typing.get_type_hints(bucketimer.Stats))
+
+
 def test_stats_are_consistent(tt, wait_until):
     n, k = 60, 25
     done = threading.Event()
@@ -293,7 +299,7 @@ def test_stats_are_consistent(tt, wait_until):
     assert s["fired"] == s["posted"] == s["ran"] == n - k
     assert s["early_fires"] == 0
     assert sum(s["lateness_hist"]) == s["ran"]
-    assert len(s["lateness_hist"]) == 48
+    assert len(s["lateness_hist"]) == _core.HIST_BUCKETS
     assert s["reaped"] == k
     assert s["slots_free"] == s["slots"] > 0
     assert s["heap_size"] == 0 and s["list_size"] == 0
@@ -616,6 +622,7 @@ def test_timers_fire_while_python_holds_the_gil(tt):
 DEV_MODE_WORKLOAD = r"""
 import asyncio, gc, threading, time
 import bucketimer
+from bucketimer import _core
 
 # -X dev: PYTHONMALLOC=debug, whose hooks abort ("Python memory allocator
 # called without holding the GIL") if any thread allocates or frees a Python
