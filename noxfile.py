@@ -55,13 +55,19 @@ def tests_debug(session: nox.Session) -> None:
     _pytest(session)
 
 
-@nox.session
+LINT_PATHS = ["src", "tests", "benchmarks", "tools", "docs/examples", "noxfile.py"]
+
+
+@nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff check."""
-    session.install("ruff")
-    session.run(
-        "ruff", "check", "src", "tests", "benchmarks", "tools", "noxfile.py", *session.posargs
-    )
+    """ruff; mypy --strict over the package, tests/typing/ and docs/examples/
+    (as 3.11 and as 3.14 read them); stubtest of bucketimer/_core.pyi against
+    the built extension module."""
+    session.install("ruff", "mypy", "types-grpcio", "types-tqdm", ".[test,bench]")
+    session.run("ruff", "check", *LINT_PATHS, *session.posargs)
+    for version in ("3.11", "3.14"):
+        session.run("mypy", "--python-version", version)  # files: pyproject.toml
+    session.run("python", "-m", "mypy.stubtest", "bucketimer._core")
 
 
 def _gcc_runtime(name: str) -> str:
@@ -286,7 +292,8 @@ def _check_sdist(session: nox.Session, sdist: Path) -> None:
         session.error(f"CHANGELOG.rst has no section for {version}")
     try:
         tracked = subprocess.run(
-            ["git", "ls-files", "csrc", "ext", "src", "tests", *sorted(SDIST_ROOT_FILES)],
+            ["git", "ls-files", "csrc", "ext", "src", "tests", "docs/examples",
+             *sorted(SDIST_ROOT_FILES)],
             cwd=ROOT, check=True, capture_output=True, text=True,
         ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
@@ -296,7 +303,7 @@ def _check_sdist(session: nox.Session, sdist: Path) -> None:
     missing, extra = sorted(expected - members), sorted(members - expected)
     if missing or extra:
         session.error(f"sdist contents: missing {missing}, unexpected {extra}")
-    session.log(f"{sdist.name}: {len(members)} files, the tracked ones of csrc/ ext/ src/ tests/")
+    session.log(f"{sdist.name}: {len(members)} files, the tracked ones of csrc/ ext/ src/ tests/ docs/examples/")
 
 
 @nox.session(python="3.11")

@@ -81,7 +81,7 @@ class TimerThread:
         delay: float,
         callback: Callable[[Unpack[_Ts]], object],
         /,
-        *args: Unpack[_Ts],
+        *args: *_Ts,
         loop: asyncio.AbstractEventLoop | None = None,
         context: contextvars.Context | None = None,
     ) -> Handle: ...
@@ -90,7 +90,7 @@ class TimerThread:
         when: float,
         callback: Callable[[Unpack[_Ts]], object],
         /,
-        *args: Unpack[_Ts],
+        *args: *_Ts,
         loop: asyncio.AbstractEventLoop | None = None,
         context: contextvars.Context | None = None,
     ) -> Handle: ...

@@ -369,14 +369,14 @@ def default_timer_thread() -> TimerThread:
     return tt
 
 
-def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: Unpack[_Ts],
+def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
                loop: asyncio.AbstractEventLoop | None = None,
                context: contextvars.Context | None = None) -> _core.Handle:
     """``default_timer_thread().call_later(...)``."""
     return default_timer_thread().call_later(delay, callback, *args, loop=loop, context=context)
 
 
-def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: Unpack[_Ts],
+def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
             loop: asyncio.AbstractEventLoop | None = None,
             context: contextvars.Context | None = None) -> _core.Handle:
     """``default_timer_thread().call_at(...)``."""

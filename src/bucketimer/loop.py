@@ -58,7 +58,7 @@ from ._timers import TimerThread
 
 __all__ = ["EventLoop", "install", "new_event_loop", "run"]
 if sys.version_info < (3, 14):
-    __all__ += ["EventLoopPolicy"]
+    __all__ += ["EventLoopPolicy"]  # noqa: F822 - made by __getattr__
 
 _T = TypeVar("_T")
 
@@ -335,4 +335,4 @@ if _uvloop is not None:
 
     __all__ += ["UVEventLoop", "new_uv_event_loop"]
     if sys.version_info < (3, 14):
-        __all__ += ["UVEventLoopPolicy"]
+        __all__ += ["UVEventLoopPolicy"]  # noqa: F822 - made by __getattr__

@@ -785,7 +785,7 @@ def test_reschedule_later_moves_the_timer_in_place():
         t0 = loop.time()
         with pytest.raises(TimeoutError):
             async with aio.timeout(30) as cm:
-                for i in range(50):
+                for _ in range(50):
                     cm.reschedule(loop.time() + 0.02)
                     await asyncio.sleep(0.001)
                 last = cm.when()
