@@ -555,6 +555,62 @@ static void join_workers(struct worker *w, int n) {
     for (int i = 0; i < n; i++) pthread_join(w[i].th, NULL);
 }
 
+/* ---- one run of a scenario: a core, its records, its workers ------------------------ */
+
+struct run {
+    struct trec *recs;
+    size_t n;
+    struct worker w[NTHREADS];
+    bt_stats s;   /* the core's counters, read by run_tally() */
+    struct tally t;
+};
+
+/* Fresh globals, a core (with G.port if asked) and n records; `parties`
+ * threads meet at G.barrier. */
+static void run_open(struct run *r, int with_port, unsigned parties, size_t n) {
+    memset(r, 0, sizeof(*r));
+    reset_state(parties);
+    make_core(with_port);
+    r->recs = alloc_recs(n);
+    r->n = n;
+}
+
+/* NTHREADS workers running fn over `per` records each, released at once
+ * (the caller is the last party of the barrier). */
+static void run_workers(struct run *r, void *(*fn)(void *), size_t per) {
+    start_workers(r->w, NTHREADS, fn, r->recs, per);
+    pthread_barrier_wait(&G.barrier);
+}
+
+/* The workers are done and every timer they made is run or cancelled. */
+static void run_join(struct run *r) {
+    join_workers(r->w, NTHREADS);
+    CHECK(wait_accounted());
+    CHECK(wait_core_settled());
+}
+
+/* The core's counters and the records' tally, read once all is still. */
+static void run_tally(struct run *r) {
+    bt_get_stats(G.tt, &r->s);
+    check_records(r->recs, r->n, &r->t);
+}
+
+/* What holds after every run: no record broke a rule, the core ran what the
+ * callbacks saw run, nothing fired early, no call returned an error. */
+static void check_run(const struct run *r) {
+    CHECK(r->t.violations == 0);
+    CHECK(r->s.ran == r->t.ran);
+    CHECK(r->s.early_fires == 0);
+    CHECK(atomic_load(&G.errors) == 0);
+}
+
+static void run_close(struct run *r) {
+    if (checks_failed_in_test) print_stats("stats", &r->s);
+    bt_destroy(G.tt);
+    free(r->recs);
+    pthread_barrier_destroy(&G.barrier);
+}
+
 /* ---- 1. native timers, RPC shape ----------------------------------------------- */
 
 static void *s1_worker(void *arg) {
@@ -600,40 +656,29 @@ static void *s1_worker(void *arg) {
 
 static void scenario_native_rpc(void) {
     size_t K = scaled(20000);
-    reset_state(NTHREADS + 1);
-    make_core(0);
-    struct trec *recs = alloc_recs(NTHREADS * K);
-    struct worker w[NTHREADS];
-    start_workers(w, NTHREADS, s1_worker, recs, K);
-    pthread_barrier_wait(&G.barrier);
-    join_workers(w, NTHREADS);
-    CHECK(wait_accounted());
-    CHECK(wait_core_settled());
+    struct run r;
+    run_open(&r, 0, NTHREADS + 1, NTHREADS * K);
+    run_workers(&r, s1_worker, K);
+    run_join(&r);
 
     CHECK(bt_stop(G.tt) == 0);
     CHECK(bt_drop_all(G.tt, on_drop, NULL) == 0);
-    bt_stats s;
-    bt_get_stats(G.tt, &s);
-    struct tally t = {0};
-    check_records(recs, NTHREADS * K, &t);
-    CHECK(t.violations == 0);
-    CHECK(t.scheduled == NTHREADS * K);
-    CHECK(s.scheduled == NTHREADS * K);
-    CHECK(s.ran == t.ran && s.ran == atomic_load(&G.completed));
-    CHECK(s.fired == t.ran);
-    CHECK(s.cancelled == t.won);
-    CHECK(s.early_fires == 0);
-    CHECK(atomic_load(&G.errors) == 0);
-    if (checks_failed_in_test) print_stats("stats", &s);
+    run_tally(&r);
+    const bt_stats *s = &r.s;
+    const struct tally *t = &r.t;
+    check_run(&r);
+    CHECK(t->scheduled == NTHREADS * K);
+    CHECK(s->scheduled == NTHREADS * K);
+    CHECK(s->ran == atomic_load(&G.completed));
+    CHECK(s->fired == t->ran);
+    CHECK(s->cancelled == t->won);
     double p50, mx;
-    lateness(&s, &p50, &mx);
+    lateness(s, &p50, &mx);
     printf("  native_rpc: %zu timers, ran %zu, cancel won %zu (first cancel: won %zu, too-late %zu, "
            "unknown %zu), passes %llu, wakeups %llu, lateness p50 < %.0f us, max < %.0f us\n",
-           t.scheduled, t.ran, t.won, t.first_won, t.first_late, t.first_unknown, (ull)s.passes,
-           (ull)s.wakeups, p50, mx);
-    bt_destroy(G.tt);
-    free(recs);
-    pthread_barrier_destroy(&G.barrier);
+           t->scheduled, t->ran, t->won, t->first_won, t->first_late, t->first_unknown,
+           (ull)s->passes, (ull)s->wakeups, p50, mx);
+    run_close(&r);
 }
 
 /* ---- 2. scheduling and cancelling from callbacks -------------------------------- */
@@ -734,46 +779,36 @@ static void *s2_worker(void *arg) {
 
 static void scenario_from_callbacks(void) {
     size_t per = scaled(3000) * S2_GROUP;
-    reset_state(NTHREADS + 1);
-    make_core(0);
-    struct trec *recs = alloc_recs(NTHREADS * per);
-    struct worker w[NTHREADS];
-    start_workers(w, NTHREADS, s2_worker, recs, per);
-    pthread_barrier_wait(&G.barrier);
-    join_workers(w, NTHREADS);
-    CHECK(wait_accounted());
-    CHECK(wait_core_settled());
+    struct run r;
+    run_open(&r, 0, NTHREADS + 1, NTHREADS * per);
+    run_workers(&r, s2_worker, per);
+    run_join(&r);
 
     CHECK(bt_stop(G.tt) == 0);
     CHECK(bt_drop_all(G.tt, on_drop, NULL) == 0);
-    bt_stats s;
-    bt_get_stats(G.tt, &s);
-    struct tally t = {0};
-    check_records(recs, NTHREADS * per, &t);
+    run_tally(&r);
+    const bt_stats *s = &r.s;
+    const struct tally *t = &r.t;
     size_t chains_done = 0, targets = 0;
-    for (size_t i = 0; i < NTHREADS * per; i++) {
-        if (recs[i].kind == K_CHAIN && recs[i].depth == S2_GROUP - 1 && atomic_load(&recs[i].runs))
+    for (size_t i = 0; i < r.n; i++) {
+        const struct trec *rec = &r.recs[i];
+        if (rec->kind == K_CHAIN && rec->depth == S2_GROUP - 1 && atomic_load(&rec->runs))
             chains_done++;
-        if (recs[i].kind == K_TARGET) targets++;
+        if (rec->kind == K_TARGET) targets++;
     }
-    CHECK(t.violations == 0);
-    CHECK(s.scheduled == atomic_load(&G.scheduled));
-    CHECK(t.scheduled == atomic_load(&G.scheduled));
-    CHECK(s.ran == t.ran && s.ran == atomic_load(&G.completed));
-    CHECK(s.fired == t.ran);
-    CHECK(s.cancelled == t.won);
-    CHECK(s.early_fires == 0);
+    check_run(&r);
+    CHECK(s->scheduled == atomic_load(&G.scheduled));
+    CHECK(t->scheduled == atomic_load(&G.scheduled));
+    CHECK(s->ran == atomic_load(&G.completed));
+    CHECK(s->fired == t->ran);
+    CHECK(s->cancelled == t->won);
     CHECK(atomic_load(&G.cb_scheduled) > 0);
-    CHECK(atomic_load(&G.errors) == 0);
-    if (checks_failed_in_test) print_stats("stats", &s);
     printf("  from_callbacks: %zu timers (%llu scheduled from callbacks, %zu chains complete), ran %zu, "
            "cancel won %zu (%zu by callbacks, %zu callback cancels too late, %llu skipped), "
            "%zu targets\n",
-           t.scheduled, (ull)atomic_load(&G.cb_scheduled), chains_done, t.ran, t.won, t.cb_won,
-           t.cb_late, (ull)atomic_load(&G.cancel_skipped), targets);
-    bt_destroy(G.tt);
-    free(recs);
-    pthread_barrier_destroy(&G.barrier);
+           t->scheduled, (ull)atomic_load(&G.cb_scheduled), chains_done, t->ran, t->won, t->cb_won,
+           t->cb_late, (ull)atomic_load(&G.cancel_skipped), targets);
+    run_close(&r);
 }
 
 /* ---- 3. the ports path ------------------------------------------------------------ */
@@ -814,18 +849,13 @@ static void *s3_worker(void *arg) {
 
 static void scenario_ports(void) {
     size_t K = scaled(8000);
-    reset_state(NTHREADS + 1);
-    make_core(1);
+    struct run r;
+    run_open(&r, 1, NTHREADS + 1, NTHREADS * K);
     atomic_store(&G.slow_consumer, 1);
-    struct trec *recs = alloc_recs(NTHREADS * K);
     pthread_t consumer;
     if (pthread_create(&consumer, NULL, consumer_main, NULL)) exit(2);
-    struct worker w[NTHREADS];
-    start_workers(w, NTHREADS, s3_worker, recs, K);
-    pthread_barrier_wait(&G.barrier);
-    join_workers(w, NTHREADS);
-    CHECK(wait_accounted());
-    CHECK(wait_core_settled());
+    run_workers(&r, s3_worker, K);
+    run_join(&r);
     atomic_store(&G.stop_consumer, 1);
     pthread_join(consumer, NULL);
 
@@ -835,27 +865,21 @@ static void scenario_ports(void) {
     CHECK(drain_port(G.port, &left) == 0);
     CHECK(left == 0);
     CHECK(drain_port(bt_orphans(G.tt), &left) == 0 && left == 0);
-    bt_stats s;
-    bt_get_stats(G.tt, &s);
-    struct tally t = {0};
-    check_records(recs, NTHREADS * K, &t);
-    CHECK(t.violations == 0);
-    CHECK(t.scheduled == NTHREADS * K);
-    CHECK(s.scheduled == NTHREADS * K);
-    CHECK(s.ran == t.ran && s.ran == atomic_load(&G.completed));
-    CHECK(s.posted == s.fired);
-    CHECK(s.posted == t.ran + atomic_load(&G.claim_failed));
-    CHECK(s.cancelled == t.won);
-    CHECK(s.early_fires == 0);
-    CHECK(atomic_load(&G.errors) == 0);
-    if (checks_failed_in_test) print_stats("stats", &s);
+    run_tally(&r);
+    const bt_stats *s = &r.s;
+    const struct tally *t = &r.t;
+    check_run(&r);
+    CHECK(t->scheduled == NTHREADS * K);
+    CHECK(s->scheduled == NTHREADS * K);
+    CHECK(s->ran == atomic_load(&G.completed));
+    CHECK(s->posted == s->fired);
+    CHECK(s->posted == t->ran + atomic_load(&G.claim_failed));
+    CHECK(s->cancelled == t->won);
     printf("  ports: %zu timers, ran %zu, cancel won %zu (%llu of them on POSTED timers), "
            "first cancel too-late %zu / unknown %zu, eventfd writes %llu\n",
-           t.scheduled, t.ran, t.won, (ull)atomic_load(&G.claim_failed), t.first_late,
-           t.first_unknown, (ull)s.eventfd_writes);
-    bt_destroy(G.tt);
-    free(recs);
-    pthread_barrier_destroy(&G.barrier);
+           t->scheduled, t->ran, t->won, (ull)atomic_load(&G.claim_failed), t->first_late,
+           t->first_unknown, (ull)s->eventfd_writes);
+    run_close(&r);
 }
 
 /* ---- 4. bt_stop racing schedules -------------------------------------------------- */
@@ -919,14 +943,12 @@ static void *s4_worker(void *arg) {
  * scenario_stop_inflight_drop); otherwise only after. */
 static void run_stop_race(int drop_before_join, size_t *leaked_out) {
     size_t K = scaled(40000);
-    reset_state(NTHREADS + 1);
-    make_core(1);
-    struct trec *recs = alloc_recs(NTHREADS * K);
+    struct run r;
+    run_open(&r, 1, NTHREADS + 1, NTHREADS * K);
+    struct trec *recs = r.recs;
     pthread_t consumer;
     if (pthread_create(&consumer, NULL, consumer_main, NULL)) exit(2);
-    struct worker w[NTHREADS];
-    start_workers(w, NTHREADS, s4_worker, recs, K);
-    pthread_barrier_wait(&G.barrier);
+    run_workers(&r, s4_worker, K);
     /* Stop once the workers are well under way (or after 300 ms). */
     uint64_t target = NTHREADS * K / 5;
     int64_t end = bt_now_ns() + 300 * MS;
@@ -947,16 +969,16 @@ static void run_stop_race(int drop_before_join, size_t *leaked_out) {
     pthread_join(consumer, NULL);
     int64_t dropped1 = 0, dropped2 = 0;
     if (drop_before_join) dropped1 = bt_drop_all(G.tt, on_drop, NULL);
-    join_workers(w, NTHREADS);
+    join_workers(r.w, NTHREADS);
     uint64_t runs_before_drop = atomic_load(&G.completed);
     size_t leaked = 0;
     if (drop_before_join) {
         /* Every timer is now ran / cancelled / dropped, or still pending in a
          * port: count the ones that are none of these and not posted. */
-        for (size_t i = 0; i < NTHREADS * K; i++) {
-            struct trec *r = &recs[i];
-            if (atomic_load(&r->scheduled) && !atomic_load(&r->runs) && !atomic_load(&r->wins) &&
-                !atomic_load(&r->dropped))
+        for (size_t i = 0; i < r.n; i++) {
+            const struct trec *rec = &recs[i];
+            if (atomic_load(&rec->scheduled) && !atomic_load(&rec->runs) &&
+                !atomic_load(&rec->wins) && !atomic_load(&rec->dropped))
                 leaked++;
         }
     }
@@ -966,32 +988,26 @@ static void run_stop_race(int drop_before_join, size_t *leaked_out) {
     size_t claimed_after_drop = drain_port(G.port, &popped);
     CHECK(claimed_after_drop == 0); /* drop_all cancelled every POSTED timer */
     CHECK(bt_drop_all(G.tt, on_drop, NULL) == 0);
-    bt_stats s;
-    bt_get_stats(G.tt, &s);
-    struct tally t = {0};
-    check_records(recs, NTHREADS * K, &t);
-    CHECK(t.violations == 0);
+    run_tally(&r);
+    const bt_stats *s = &r.s;
+    const struct tally *t = &r.t;
+    check_run(&r);
     CHECK((uint64_t)(dropped1 + dropped2) == atomic_load(&G.drops));
     CHECK(atomic_load(&G.null_drops) == 0);
-    CHECK(t.dropped == (size_t)(dropped1 + dropped2));
-    CHECK(t.scheduled == atomic_load(&G.scheduled));
-    CHECK(s.scheduled == t.scheduled);
-    CHECK(s.ran == t.ran && s.ran == runs_before_drop);
-    CHECK(s.cancelled == t.won + t.dropped);
-    CHECK(s.early_fires == 0);
-    CHECK(atomic_load(&G.errors) == 0);
-    if (checks_failed_in_test) print_stats("stats", &s);
+    CHECK(t->dropped == (size_t)(dropped1 + dropped2));
+    CHECK(t->scheduled == atomic_load(&G.scheduled));
+    CHECK(s->scheduled == t->scheduled);
+    CHECK(s->ran == runs_before_drop);
+    CHECK(s->cancelled == t->won + t->dropped);
     printf("  stop_race%s: %zu scheduled before stop (%llu from callbacks), %llu schedules saw "
            "-ESHUTDOWN (%llu in callbacks), ran %zu, cancel won %zu, dropped %zu (%lld + %lld), "
            "%llu schedules returned 0 after bt_stop returned\n",
-           drop_before_join ? "(drop before join)" : "", t.scheduled,
+           drop_before_join ? "(drop before join)" : "", t->scheduled,
            (ull)atomic_load(&G.cb_scheduled), (ull)atomic_load(&G.shutdown_seen),
-           (ull)atomic_load(&G.shutdown_seen_cb), t.ran, t.won, t.dropped, (long long)dropped1,
+           (ull)atomic_load(&G.shutdown_seen_cb), t->ran, t->won, t->dropped, (long long)dropped1,
            (long long)dropped2, (ull)atomic_load(&G.sched_after_stop));
     if (leaked_out) *leaked_out = leaked;
-    bt_destroy(G.tt);
-    free(recs);
-    pthread_barrier_destroy(&G.barrier);
+    run_close(&r);
 }
 
 static void scenario_stop_race(void) { run_stop_race(0, NULL); }
@@ -1055,15 +1071,12 @@ static void *s5_worker(void *arg) {
 
 static void scenario_garbage_churn(void) {
     size_t K = scaled(30000);
-    reset_state(NTHREADS + 1);
-    make_core(1);
+    struct run r;
+    run_open(&r, 1, NTHREADS + 1, NTHREADS * K + 1);
     for (int i = 0; i < NTHREADS; i++)
         for (int k = 0; k < HANDOFF; k++) atomic_init(&handoff[i][k], NULL);
-    struct trec *recs = alloc_recs(NTHREADS * K + 1);
-    struct trec *trigger = &recs[NTHREADS * K];
-    struct worker w[NTHREADS];
-    start_workers(w, NTHREADS, s5_worker, recs, K);
-    pthread_barrier_wait(&G.barrier);
+    struct trec *trigger = &r.recs[NTHREADS * K];
+    run_workers(&r, s5_worker, K);
     uint64_t max_list = 0;
     bt_stats s;
     for (;;) {
@@ -1073,7 +1086,7 @@ static void scenario_garbage_churn(void) {
         usleep(2000);
     }
     pthread_barrier_wait(&G.barrier); /* the late cancels start */
-    join_workers(w, NTHREADS);
+    join_workers(r.w, NTHREADS);
     for (int i = 0; i < NTHREADS; i++) take_handoffs(i);
     /* One due timer: the thread collects what the lists still hold and
      * sweeps the heap. */
@@ -1099,26 +1112,20 @@ static void scenario_garbage_churn(void) {
     int64_t dropped = bt_drop_all(G.tt, on_drop, NULL);
     size_t left = 0;
     CHECK(drain_port(G.port, &left) == 0 && left == 0); /* nothing was ever due */
-    bt_get_stats(G.tt, &s);
-    struct tally t = {0};
-    check_records(recs, NTHREADS * K + 1, &t);
-    CHECK(t.violations == 0);
-    CHECK(t.scheduled == NTHREADS * K + 1);
-    CHECK(s.scheduled == NTHREADS * K + 1);
-    CHECK(t.ran == 1 && s.ran == 1 && s.fired == 1);
-    CHECK((size_t)dropped == t.dropped && t.won + t.dropped + 1 == t.scheduled);
-    CHECK(s.cancelled == t.won + t.dropped);
+    run_tally(&r);
+    const struct tally *t = &r.t;
+    check_run(&r);
+    CHECK(t->scheduled == NTHREADS * K + 1);
+    CHECK(r.s.scheduled == NTHREADS * K + 1);
+    CHECK(t->ran == 1 && r.s.fired == 1);
+    CHECK((size_t)dropped == t->dropped && t->won + t->dropped + 1 == t->scheduled);
+    CHECK(r.s.cancelled == t->won + t->dropped);
     CHECK(atomic_load(&G.null_drops) == 0);
-    CHECK(s.early_fires == 0);
-    CHECK(atomic_load(&G.errors) == 0);
-    if (checks_failed_in_test) print_stats("stats", &s);
     printf("  garbage_churn: %zu timers, cancel won %zu (first: %zu), dropped %zu, reaped before "
            "stop %llu, drains %llu, sweeps %llu, max list %llu, slots %llu\n",
-           t.scheduled, t.won, t.first_won, t.dropped, (ull)reaped_before_stop, (ull)drains,
-           (ull)sweeps, (ull)max_list, (ull)s.slots);
-    bt_destroy(G.tt);
-    free(recs);
-    pthread_barrier_destroy(&G.barrier);
+           t->scheduled, t->won, t->first_won, t->dropped, (ull)reaped_before_stop, (ull)drains,
+           (ull)sweeps, (ull)max_list, (ull)r.s.slots);
+    run_close(&r);
 }
 
 /* ---- regression scenarios for two fixed races ----------------------------------- */
@@ -1141,9 +1148,9 @@ static void scenario_drop_vs_consumer(void) {
     uint64_t null_drops = 0, drops = 0;
     struct tally t = {0};
     for (int round = 0; round < rounds; round++) {
-        reset_state(2);
-        make_core(1);
-        struct trec *recs = alloc_recs(N);
+        struct run r;
+        run_open(&r, 1, 2, N);
+        struct trec *recs = r.recs;
         int64_t now = bt_now_ns();
         for (size_t i = 0; i < N; i++) {
             uint64_t id;
@@ -1168,9 +1175,7 @@ static void scenario_drop_vs_consumer(void) {
         check_records(recs, N, &t);
         null_drops += atomic_load(&G.null_drops);
         drops += atomic_load(&G.drops);
-        bt_destroy(G.tt);
-        free(recs);
-        pthread_barrier_destroy(&G.barrier);
+        run_close(&r);
     }
     printf("  drop_vs_consumer: %d rounds, ran %zu, dropped %llu, on_drop got NULL payload %llu times\n",
            rounds, t.ran, (ull)drops, (ull)null_drops);
@@ -1226,10 +1231,10 @@ static void scenario_detach_vs_post(void) {
     size_t stranded = 0, from_port = 0, from_orphans = 0;
     struct tally t = {0};
     for (int round = 0; round < rounds; round++) {
-        reset_state(1);
-        make_core(1);
+        struct run r;
+        run_open(&r, 1, 1, N);
         bt_port *orphans = bt_orphans(G.tt);
-        struct trec *recs = alloc_recs(N);
+        struct trec *recs = r.recs;
         int64_t deadline = bt_now_ns() + 5 * MS;
         for (size_t i = 0; i < N; i++) {
             uint64_t id;
@@ -1258,9 +1263,7 @@ static void scenario_detach_vs_post(void) {
         from_orphans += b;
         stranded += left;
         CHECK(bt_stop(G.tt) == 0);
-        bt_destroy(G.tt);
-        free(recs);
-        pthread_barrier_destroy(&G.barrier);
+        run_close(&r);
     }
     printf("  detach_vs_post: %d rounds of %zu timers: taken from the port by the detach drain "
            "%zu, from the orphan port %zu, pushed to the port after its drain %zu\n",
