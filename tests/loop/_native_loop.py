@@ -1,17 +1,20 @@
 """The drop-in loops and their counters, for the tests of libraries run on them.
 
-Not a conftest: ``from _native_loop import LOOPS, NativeTimers``.
 :class:`NativeTimers` owns a TimerThread, makes drop-in loops served by it
 (``loop_factory``, for ``asyncio.Runner``, ``anyio.run`` or anything that
-takes one) and asserts from the TimerThread's counters that the loop's timers
-went through the native core, none of them early, and that nothing reached
-the loop's own ``_scheduled`` heap.
+takes one), runs coroutines on one (``run``) and asserts from the
+TimerThread's counters that the loops' timers went through the native core,
+none of them early, and that nothing reached a loop's own ``_scheduled``
+heap.  The ``native`` fixture (``conftest.py``) gives one per drop-in loop
+class.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
@@ -19,6 +22,15 @@ import bucketimer
 import bucketimer.loop
 
 COUNTERS = ("scheduled", "cancelled", "ran", "early_fires")
+
+# A timeout that must not fire during a test.
+LONG = 3600.0
+# How late an expected event may be: upper bounds only (a timer never fires
+# early, so the lower bound is the deadline itself), generous enough for a
+# loaded 2-CPU machine and ASan.
+SLACK = 10.0
+
+T = TypeVar("T")
 
 LoopFactory = Callable[[bucketimer.TimerThread], asyncio.AbstractEventLoop]
 
@@ -51,6 +63,7 @@ class NativeTimers:
         self.tt = bucketimer.TimerThread()
         self._factory = factory
         self.loops: list[asyncio.AbstractEventLoop] = []
+        self._runner: asyncio.Runner | None = None
         self._start = self.tt.stats()
 
     def loop_factory(self) -> asyncio.AbstractEventLoop:
@@ -61,6 +74,13 @@ class NativeTimers:
         assert "call_at" in vars(loop) and "call_later" in vars(loop)
         self.loops.append(loop)
         return loop
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Runs ``coro`` on this object's drop-in loop (one loop for every
+        call, like an ``asyncio.Runner``), failing after ``timeout`` s."""
+        if self._runner is None:
+            self._runner = asyncio.Runner(loop_factory=self.loop_factory)
+        return self._runner.run(asyncio.wait_for(coro, timeout))
 
     def delta(self) -> dict[str, int]:
         """Counters since this object was made."""
@@ -84,7 +104,26 @@ class NativeTimers:
         return d
 
     def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
         for loop in self.loops:
             if not loop.is_closed():
                 loop.close()
         self.tt.close()
+
+
+@contextlib.asynccontextmanager
+async def aiohttp_served(app: Any) -> AsyncIterator[str]:
+    """Runs the aiohttp ``app`` on 127.0.0.1 (a free port); yields its base
+    URL.  The handler of a request whose client disconnects is cancelled."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()

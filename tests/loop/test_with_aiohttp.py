@@ -14,65 +14,16 @@ body that stalls longer than ``sock_read`` raises ``ServerTimeoutError``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
-from _native_loop import LOOPS, LoopFactory, NativeTimers
+from _native_loop import SLACK, NativeTimers, aiohttp_served
 
 aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 
-# Upper bounds only (a timer never fires early, so the lower bound is the
-# timeout itself); generous enough for a loaded 2-CPU machine and ASan.
-SLACK = 10.0
 
-
-class Loop:
-    """``asyncio.Runner`` on a drop-in loop served by its own TimerThread."""
-
-    def __init__(self, factory: LoopFactory) -> None:
-        self.timers = NativeTimers(factory)
-        self.runner = asyncio.Runner(loop_factory=self.timers.loop_factory)
-
-    def run(self, coro: Any, timeout: float = 60.0) -> Any:
-        return self.runner.run(asyncio.wait_for(coro, timeout))
-
-    def assert_native(self, **minimums: int) -> dict[str, int]:
-        return self.timers.assert_native(**minimums)
-
-    def close(self) -> None:
-        self.runner.close()
-        self.timers.close()
-
-
-@pytest.fixture(params=LOOPS)
-def native(request: pytest.FixtureRequest) -> Iterator[Loop]:
-    loop = Loop(request.param)
-    try:
-        yield loop
-    finally:
-        loop.close()
-
-
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    """Runs ``app`` on 127.0.0.1 (a free port); yields its base URL.  The
-    handler of a request whose client disconnects is cancelled."""
-    runner = web.AppRunner(app, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
-
-
-def test_keep_alive_reuses_one_connection(native: Loop) -> None:
+def test_keep_alive_reuses_one_connection(native: NativeTimers) -> None:
     peers: list[tuple[str, int]] = []
 
     async def hello(request: web.Request) -> web.Response:
@@ -85,7 +36,7 @@ def test_keep_alive_reuses_one_connection(native: Loop) -> None:
         app = web.Application()
         app.router.add_get("/", hello)
         timeout = aiohttp.ClientTimeout(total=30, sock_read=20)
-        async with serve(app) as url:
+        async with aiohttp_served(app) as url:
             connector = aiohttp.TCPConnector(limit=1)
             async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
                 bodies = []
@@ -105,7 +56,7 @@ def test_keep_alive_reuses_one_connection(native: Loop) -> None:
     assert d["scheduled"] >= 15, d
 
 
-def test_handler_outliving_the_total_timeout(native: Loop) -> None:
+def test_handler_outliving_the_total_timeout(native: NativeTimers) -> None:
     total = 0.3
     started = asyncio.Event()
     outcome: list[str] = []
@@ -123,7 +74,7 @@ def test_handler_outliving_the_total_timeout(native: Loop) -> None:
     async def main() -> tuple[type[BaseException], float]:
         app = web.Application()
         app.router.add_get("/slow", slow)
-        async with serve(app) as url:
+        async with aiohttp_served(app) as url:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=total)) as session:
                 t0 = time.monotonic()
                 with pytest.raises(TimeoutError) as exc_info:
@@ -146,7 +97,7 @@ def test_handler_outliving_the_total_timeout(native: Loop) -> None:
     native.assert_native(min_cancelled=1, min_ran=1)
 
 
-def test_body_stalling_longer_than_sock_read(native: Loop) -> None:
+def test_body_stalling_longer_than_sock_read(native: NativeTimers) -> None:
     sock_read = 0.3
 
     async def stalls(request: web.Request) -> web.StreamResponse:
@@ -161,7 +112,7 @@ def test_body_stalling_longer_than_sock_read(native: Loop) -> None:
         app = web.Application()
         app.router.add_get("/stalls", stalls)
         timeout = aiohttp.ClientTimeout(total=60, sock_read=sock_read)
-        async with serve(app) as url:
+        async with aiohttp_served(app) as url:
             async with aiohttp.ClientSession(timeout=timeout) as session:
                 # Before the request: the sock_read timer restarts at the last
                 # data received, which comes after this.

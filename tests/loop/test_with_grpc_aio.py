@@ -17,19 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from _native_loop import LOOPS, LoopFactory, NativeTimers
+from _native_loop import LONG, SLACK, NativeTimers
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc.aio")
 
 SERVICE = "bt.LoopTest"
-LONG = 3600.0
-# Upper bounds only; generous enough for a loaded 2-CPU machine and ASan.
-SLACK = 10.0
 # grpc's core keeps deadlines on its own millisecond clock: a deadline may
 # be reported this much before the client's monotonic clock reaches it.
 GRPC_CLOCK = 0.01
@@ -37,30 +34,6 @@ GRPC_CLOCK = 0.01
 # 0.1 s (the deadline travels as a relative timeout, re-based on the core's
 # cached clock); the stock asyncio loop shows the same.
 REMAINING_SKEW = 1.0
-
-
-class Loop:
-    """``asyncio.Runner`` on a drop-in loop served by its own TimerThread."""
-
-    def __init__(self, factory: LoopFactory) -> None:
-        self.timers = NativeTimers(factory)
-        self.runner = asyncio.Runner(loop_factory=self.timers.loop_factory)
-
-    def run(self, coro: Any, timeout: float = 60.0) -> Any:
-        return self.runner.run(asyncio.wait_for(coro, timeout))
-
-    def close(self) -> None:
-        self.runner.close()
-        self.timers.close()
-
-
-@pytest.fixture(params=LOOPS)
-def native(request: pytest.FixtureRequest) -> Iterator[Loop]:
-    loop = Loop(request.param)
-    try:
-        yield loop
-    finally:
-        loop.close()
 
 
 class Service:
@@ -138,7 +111,7 @@ async def handler_ended(service: Service) -> bool:
     return True
 
 
-def test_unary_call_within_its_deadline(native: Loop) -> None:
+def test_unary_call_within_its_deadline(native: NativeTimers) -> None:
     service = Service()
 
     async def main() -> list[bytes]:
@@ -152,10 +125,10 @@ def test_unary_call_within_its_deadline(native: Loop) -> None:
         service.remaining
     )
     # The handlers' sleeps were native timers, and ran.
-    native.timers.assert_native(min_scheduled=3, min_ran=3)
+    native.assert_native(min_scheduled=3, min_ran=3)
 
 
-def test_unary_call_past_its_deadline(native: Loop) -> None:
+def test_unary_call_past_its_deadline(native: NativeTimers) -> None:
     service = Service()
     deadline = 0.3
 
@@ -173,10 +146,10 @@ def test_unary_call_past_its_deadline(native: Loop) -> None:
     assert deadline - GRPC_CLOCK <= elapsed < deadline + SLACK, elapsed
     assert ended and service.cancelled == ["hang"]
     # The handler's one-hour sleep was a native timer, cancelled with it.
-    native.timers.assert_native(min_scheduled=1, min_cancelled=1)
+    native.assert_native(min_scheduled=1, min_cancelled=1)
 
 
-def test_server_streaming_call_within_its_deadline(native: Loop) -> None:
+def test_server_streaming_call_within_its_deadline(native: NativeTimers) -> None:
     service = Service()
 
     async def main() -> list[bytes]:
@@ -187,10 +160,10 @@ def test_server_streaming_call_within_its_deadline(native: Loop) -> None:
     assert native.run(main()) == [str(i).encode() for i in range(5)]
     (remaining,) = service.remaining
     assert remaining is not None and 0 < remaining <= 30 + REMAINING_SKEW
-    native.timers.assert_native(min_scheduled=5, min_ran=5)
+    native.assert_native(min_scheduled=5, min_ran=5)
 
 
-def test_server_streaming_call_past_its_deadline(native: Loop) -> None:
+def test_server_streaming_call_past_its_deadline(native: NativeTimers) -> None:
     service = Service()
     deadline = 0.5
 
@@ -210,10 +183,10 @@ def test_server_streaming_call_past_its_deadline(native: Loop) -> None:
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert deadline - GRPC_CLOCK <= elapsed < deadline + SLACK, elapsed
     assert ended and service.cancelled == ["count_then_hang"]
-    native.timers.assert_native(min_scheduled=1, min_cancelled=1)
+    native.assert_native(min_scheduled=1, min_cancelled=1)
 
 
-def test_asyncio_timeout_cancels_a_call_without_deadline(native: Loop) -> None:
+def test_asyncio_timeout_cancels_a_call_without_deadline(native: NativeTimers) -> None:
     service = Service()
     budget = 0.3
 
@@ -231,4 +204,4 @@ def test_asyncio_timeout_cancels_a_call_without_deadline(native: Loop) -> None:
     assert budget <= elapsed < budget + SLACK, elapsed
     assert ended and service.cancelled == ["hang"]
     # asyncio.timeout's timer fired natively; the handler's sleep was cancelled.
-    native.timers.assert_native(min_scheduled=2, min_cancelled=1, min_ran=1)
+    native.assert_native(min_scheduled=2, min_cancelled=1, min_ran=1)

@@ -17,36 +17,18 @@ through the native core.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from _native_loop import LOOPS, NativeTimers
+from _native_loop import LONG, SLACK, NativeTimers, aiohttp_served
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 
-LONG = 3600.0
+# A timeout that must fire.
 SHORT = 0.3
-# Upper bounds only; generous enough for a loaded 2-CPU machine and ASan.
-SLACK = 10.0
-
-
-@pytest.fixture(params=LOOPS)
-def timers(request: pytest.FixtureRequest) -> Iterator[NativeTimers]:
-    nt = NativeTimers(request.param)
-    try:
-        yield nt
-    finally:
-        nt.close()
-
-
-def run(timers: NativeTimers, coro: Any) -> Any:
-    with asyncio.Runner(loop_factory=timers.loop_factory) as runner:
-        return runner.run(asyncio.wait_for(coro, 60))
 
 
 class Server:
@@ -74,41 +56,29 @@ class Server:
             raise
         return web.Response(text="too late")
 
-    @contextlib.asynccontextmanager
-    async def serve(self) -> AsyncIterator[str]:
-        runner = web.AppRunner(self.app, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            host, port = runner.addresses[0][:2]
-            yield f"http://{host}:{port}"
-        finally:
-            await runner.cleanup()
 
-
-def test_requests_in_time_disarm_every_deadline(timers: NativeTimers) -> None:
+def test_requests_in_time_disarm_every_deadline(native: NativeTimers) -> None:
     server = Server()
 
     async def main() -> list[str]:
-        async with server.serve() as url:
+        async with aiohttp_served(server.app) as url:
             limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
             async with httpx.AsyncClient(timeout=30, limits=limits) as client:
                 return [(await client.get(url)).text for _ in range(5)]
 
-    assert run(timers, main()) == ["hello"] * 5
+    assert native.run(main()) == ["hello"] * 5
     assert len(server.peers) == 5 and len(set(server.peers)) == 1, server.peers
     # Per request at least a write and a read, each under its own deadline;
     # every deadline armed was disarmed, none ran.
-    d = timers.assert_native(min_scheduled=10, min_cancelled=10)
+    d = native.assert_native(min_scheduled=10, min_cancelled=10)
     assert d["cancelled"] == d["scheduled"] and d["ran"] == 0, d
 
 
-def test_read_timeout(timers: NativeTimers) -> None:
+def test_read_timeout(native: NativeTimers) -> None:
     server = Server()
 
     async def main() -> tuple[float, bool]:
-        async with server.serve() as url:
+        async with aiohttp_served(server.app) as url:
             timeout = httpx.Timeout(30, read=SHORT)
             async with httpx.AsyncClient(timeout=timeout) as client:
                 t0 = time.monotonic()
@@ -121,18 +91,18 @@ def test_read_timeout(timers: NativeTimers) -> None:
                 return elapsed, False
             return elapsed, True
 
-    elapsed, handler_cancelled = run(timers, main())
+    elapsed, handler_cancelled = native.run(main())
     assert SHORT <= elapsed < SHORT + SLACK, elapsed
     assert handler_cancelled
     # The read deadline fired; the server's one-hour sleep was cancelled.
-    timers.assert_native(min_scheduled=2, min_cancelled=2, min_ran=1)
+    native.assert_native(min_scheduled=2, min_cancelled=2, min_ran=1)
 
 
-def test_pool_timeout_while_the_only_connection_is_busy(timers: NativeTimers) -> None:
+def test_pool_timeout_while_the_only_connection_is_busy(native: NativeTimers) -> None:
     server = Server()
 
     async def main() -> float:
-        async with server.serve() as url:
+        async with aiohttp_served(server.app) as url:
             limits = httpx.Limits(max_connections=1)
             timeout = httpx.Timeout(30, pool=SHORT)
             async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
@@ -147,7 +117,7 @@ def test_pool_timeout_while_the_only_connection_is_busy(timers: NativeTimers) ->
                     await busy
             return elapsed
 
-    elapsed = run(timers, main())
+    elapsed = native.run(main())
     assert SHORT <= elapsed < SHORT + SLACK, elapsed
     assert server.peers == []  # the second request never got a connection
-    timers.assert_native(min_scheduled=3, min_cancelled=1, min_ran=1)
+    native.assert_native(min_scheduled=3, min_cancelled=1, min_ran=1)
