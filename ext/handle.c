@@ -9,24 +9,8 @@
  */
 #include "module.h"
 
-static int Handle_traverse(HandleObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->tt);
-    Py_VISIT(self->port);
-    Py_VISIT(self->callback);
-    Py_VISIT(self->args);
-    Py_VISIT(self->context);
-    return 0;
-}
-
-static int Handle_clear(HandleObject *self) {
-    Py_CLEAR(self->tt);
-    Py_CLEAR(self->port);
-    Py_CLEAR(self->callback);
-    Py_CLEAR(self->args);
-    Py_CLEAR(self->context);
-    return 0;
-}
+BT_GC_TRAVERSE(Handle, HandleObject, HANDLE_REFS)
+BT_GC_CLEAR(Handle, HandleObject, HANDLE_REFS)
 
 static void Handle_dealloc(HandleObject *self) {
     PyTypeObject *tp = Py_TYPE(self);

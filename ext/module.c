@@ -86,15 +86,7 @@ static int import_asyncio(core_state *st) {
 static int intern_names(core_state *st) {
 #define INTERN(field, text) \
     if (!(st->field = PyUnicode_InternFromString(text))) return -1;
-    INTERN(str_port_for, "_port_for");
-    INTERN(str_time, "time");
-    INTERN(str_call_soon, "call_soon");
-    INTERN(str_cancel, "cancel");
-    INTERN(str_cancelling, "cancelling");
-    INTERN(str_uncancel, "uncancel");
-    INTERN(str_close, "close");
-    INTERN(str_throw, "throw");
-    INTERN(str_exceptions, "exceptions");
+    CORE_NAMES(INTERN)
 #undef INTERN
     return 0;
 }
@@ -133,24 +125,15 @@ static int core_exec(PyObject *m) {
 
 /* ---- traverse, clear, free ------------------------------------------------------ */
 
+#define VISIT_STATE(field) Py_VISIT(st->field);
+#define CLEAR_STATE(field) Py_CLEAR(st->field);
+#define CLEAR_NAME(field, text) Py_CLEAR(st->field);
+
 static int core_traverse(PyObject *m, visitproc visit, void *arg) {
     core_state *st = get_state(m);
-    Py_VISIT(st->TimerThread_Type);
-    Py_VISIT(st->Handle_Type);
-    Py_VISIT(st->Port_Type);
-    Py_VISIT(st->Scheduler_Type);
-    Py_VISIT(st->Timeout_Type);
-    Py_VISIT(st->Step_Type);
-    Py_VISIT(st->WaitFor_Type);
+    CORE_TYPES(VISIT_STATE)
     if (bt_compat_traverse(&st->compat, visit, arg)) return -1;
-    Py_VISIT(st->task_type);
-    Py_VISIT(st->task_cancelling);
-    Py_VISIT(st->CancelledError);
-    Py_VISIT(st->ExceptionGroup);
-    Py_VISIT(st->stock_time);
-    Py_VISIT(st->default_factory);
-    Py_VISIT(st->wait_for_nonpositive);
-    Py_VISIT(st->default_tt);
+    CORE_OBJECTS(VISIT_STATE)
     return 0;
 }
 
@@ -160,32 +143,11 @@ static int core_clear(PyObject *m) {
     bt_freelist_clear(&st->handles);
     bt_freelist_clear(&st->timeouts);
     bt_freelist_clear(&st->steps);
-    Py_CLEAR(st->TimerThread_Type);
-    Py_CLEAR(st->Handle_Type);
-    Py_CLEAR(st->Port_Type);
-    Py_CLEAR(st->Scheduler_Type);
-    Py_CLEAR(st->Timeout_Type);
-    Py_CLEAR(st->Step_Type);
-    Py_CLEAR(st->WaitFor_Type);
+    CORE_TYPES(CLEAR_STATE)
     bt_compat_clear(&st->compat);
-    Py_CLEAR(st->task_type);
-    Py_CLEAR(st->task_cancelling);
-    Py_CLEAR(st->CancelledError);
-    Py_CLEAR(st->ExceptionGroup);
-    Py_CLEAR(st->stock_time);
-    Py_CLEAR(st->default_factory);
-    Py_CLEAR(st->wait_for_nonpositive);
-    Py_CLEAR(st->default_tt);
+    CORE_OBJECTS(CLEAR_STATE)
     st->time_checked_type = NULL;
-    Py_CLEAR(st->str_port_for);
-    Py_CLEAR(st->str_time);
-    Py_CLEAR(st->str_call_soon);
-    Py_CLEAR(st->str_cancel);
-    Py_CLEAR(st->str_cancelling);
-    Py_CLEAR(st->str_uncancel);
-    Py_CLEAR(st->str_close);
-    Py_CLEAR(st->str_throw);
-    Py_CLEAR(st->str_exceptions);
+    CORE_NAMES(CLEAR_NAME)
     return 0;
 }
 

@@ -24,6 +24,26 @@ static inline PyObject *tuple_from_array(PyObject *const *items, Py_ssize_t n) {
     return t;
 }
 
+/* ---- strong references, listed once per type ------------------------------ */
+
+/* Each object type lists the fields that hold strong references once, as an
+ * X-macro (e.g. HANDLE_REFS below); BT_GC_TRAVERSE and BT_GC_CLEAR write its
+ * tp_traverse and tp_clear from that list, so the two cannot disagree.  A
+ * new PyObject field goes in its type's list. */
+#define BT_VISIT_REF(field) Py_VISIT(self->field);
+#define BT_CLEAR_REF(field) Py_CLEAR(self->field);
+#define BT_GC_TRAVERSE(Name, Object, REFS)                                 \
+    static int Name##_traverse(Object *self, visitproc visit, void *arg) { \
+        Py_VISIT(Py_TYPE(self));                                           \
+        REFS(BT_VISIT_REF)                                                 \
+        return 0;                                                          \
+    }
+#define BT_GC_CLEAR(Name, Object, REFS) \
+    static int Name##_clear(Object *self) { \
+        REFS(BT_CLEAR_REF)                  \
+        return 0;                           \
+    }
+
 /* ---- module state ------------------------------------------------------- */
 
 #define HANDLE_FREELIST 256 /* a burst of call_later+cancel pairs */
@@ -59,6 +79,19 @@ typedef struct {
     PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions;
 } core_state;
 
+/* The state's strong references (module.c's traverse and clear) and its
+ * interned names with their text (created and cleared by module.c). */
+#define CORE_TYPES(X) \
+    X(TimerThread_Type) X(Handle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
+    X(Step_Type) X(WaitFor_Type)
+#define CORE_OBJECTS(X)                                                            \
+    X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
+    X(default_factory) X(wait_for_nonpositive) X(default_tt)
+#define CORE_NAMES(X)                                                                  \
+    X(str_port_for, "_port_for") X(str_time, "time") X(str_call_soon, "call_soon")      \
+    X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
+    X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")
+
 static inline core_state *get_state(PyObject *module) {
     return (core_state *)PyModule_GetState(module);
 }
@@ -81,6 +114,7 @@ typedef struct {
     _Atomic int draining;
     PyObject *weakreflist;
 } PortObject;
+#define PORT_REFS(X) X(loop) X(on_error) X(tt)
 
 typedef struct {
     PyObject_HEAD
@@ -101,6 +135,7 @@ typedef struct {
     int is_timeout;
     PyObject *weakreflist;
 } HandleObject;
+#define HANDLE_REFS(X) X(tt) X(port) X(callback) X(args) X(context)
 
 struct TimerThreadObject {
     PyObject_HEAD
@@ -114,6 +149,7 @@ struct TimerThreadObject {
     int closed;
     PyObject *weakreflist;
 };
+#define TIMERTHREAD_REFS(X) X(cached_loop) X(cached_port) X(dispatcher)
 
 
 enum { T_CREATED, T_ENTERED, T_EXPIRING, T_EXPIRED, T_EXITED };
@@ -129,6 +165,7 @@ typedef struct TimeoutObject {
     PyObject *on_timeout; /* bound _on_timeout, made on first arming */
     PyObject *weakreflist;
 } TimeoutObject;
+#define TIMEOUT_REFS(X) X(when) X(handler) X(task) X(on_timeout)
 
 
 /* ---- types (their specs, added to the module by module.c) --------------- */

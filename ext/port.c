@@ -11,20 +11,8 @@
 
 /* ---- Port --------------------------------------------------------------- */
 
-static int Port_traverse(PortObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->tt);
-    Py_VISIT(self->loop);
-    Py_VISIT(self->on_error);
-    return 0;
-}
-
-static int Port_clear(PortObject *self) {
-    Py_CLEAR(self->loop);
-    Py_CLEAR(self->on_error);
-    Py_CLEAR(self->tt);
-    return 0;
-}
+BT_GC_TRAVERSE(Port, PortObject, PORT_REFS)
+BT_GC_CLEAR(Port, PortObject, PORT_REFS)
 
 static void Port_dealloc(PortObject *self) {
     PyTypeObject *tp = Py_TYPE(self);

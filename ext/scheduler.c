@@ -17,6 +17,7 @@ typedef struct {
     PyObject *loop;
     int absolute;
 } SchedulerObject;
+#define SCHEDULER_REFS(X) X(tt) X(loop)
 
 static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *args, size_t nargsf,
                                       PyObject *kwnames) {
@@ -31,18 +32,8 @@ static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *ar
                              context, SCHED_COMPAT);
 }
 
-static int Scheduler_traverse(SchedulerObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->tt);
-    Py_VISIT(self->loop);
-    return 0;
-}
-
-static int Scheduler_clear(SchedulerObject *self) {
-    Py_CLEAR(self->tt);
-    Py_CLEAR(self->loop);
-    return 0;
-}
+BT_GC_TRAVERSE(Scheduler, SchedulerObject, SCHEDULER_REFS)
+BT_GC_CLEAR(Scheduler, SchedulerObject, SCHEDULER_REFS)
 
 static void Scheduler_dealloc(SchedulerObject *self) {
     PyTypeObject *tp = Py_TYPE(self);

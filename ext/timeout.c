@@ -73,22 +73,8 @@ PyObject *need_running_loop(core_state *st) {
 
 /* ---- the Timeout object ---------------------------------------------------- */
 
-static int Timeout_traverse(TimeoutObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->when);
-    Py_VISIT(self->handler);
-    Py_VISIT(self->task);
-    Py_VISIT(self->on_timeout);
-    return 0;
-}
-
-static int Timeout_clear(TimeoutObject *self) {
-    Py_CLEAR(self->when);
-    Py_CLEAR(self->handler);
-    Py_CLEAR(self->task);
-    Py_CLEAR(self->on_timeout);
-    return 0;
-}
+BT_GC_TRAVERSE(Timeout, TimeoutObject, TIMEOUT_REFS)
+BT_GC_CLEAR(Timeout, TimeoutObject, TIMEOUT_REFS)
 
 static void Timeout_dealloc(TimeoutObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -398,6 +384,7 @@ typedef struct {
     TimeoutObject *timeout;       /* until the step ran */
     PyObject *exc_type, *exc_val; /* __aexit__'s arguments */
 } StepObject;
+#define STEP_REFS(X) X(timeout) X(exc_type) X(exc_val)
 
 static PyObject *step_new(TimeoutObject *t, int op, PyObject *exc_type, PyObject *exc_val) {
     core_state *st = t->st;
@@ -412,19 +399,11 @@ static PyObject *step_new(TimeoutObject *t, int op, PyObject *exc_type, PyObject
     return (PyObject *)s;
 }
 
-static int Step_traverse(StepObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->timeout);
-    Py_VISIT(self->exc_type);
-    Py_VISIT(self->exc_val);
-    return 0;
-}
+BT_GC_TRAVERSE(Step, StepObject, STEP_REFS)
 
 static int Step_clear(StepObject *self) {
     self->op = STEP_DONE;
-    Py_CLEAR(self->timeout);
-    Py_CLEAR(self->exc_type);
-    Py_CLEAR(self->exc_val);
+    STEP_REFS(BT_CLEAR_REF)
     return 0;
 }
 

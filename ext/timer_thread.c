@@ -44,20 +44,8 @@ static int TimerThread_init(TimerThreadObject *self, PyObject *args, PyObject *k
     return 0;
 }
 
-static int TimerThread_traverse(TimerThreadObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->cached_loop);
-    Py_VISIT(self->cached_port);
-    Py_VISIT(self->dispatcher);
-    return 0;
-}
-
-static int TimerThread_clear(TimerThreadObject *self) {
-    Py_CLEAR(self->cached_loop);
-    Py_CLEAR(self->cached_port);
-    Py_CLEAR(self->dispatcher);
-    return 0;
-}
+BT_GC_TRAVERSE(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
+BT_GC_CLEAR(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
 
 /* Stops the core and drops every pending or posted timer without running
  * it.  Returns how many were dropped. */

@@ -44,23 +44,10 @@ typedef struct {
     PyObject *inner;   /* the iterator being awaited, while suspended */
     PyObject *timeout; /* the entered Timeout, while suspended; NULL for timeout <= 0 */
 } WaitForObject;
+#define WAITFOR_REFS(X) X(fut) X(delay) X(inner) X(timeout)
 
-static int WaitFor_traverse(WaitForObject *self, visitproc visit, void *arg) {
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->fut);
-    Py_VISIT(self->delay);
-    Py_VISIT(self->inner);
-    Py_VISIT(self->timeout);
-    return 0;
-}
-
-static int WaitFor_clear(WaitForObject *self) {
-    Py_CLEAR(self->fut);
-    Py_CLEAR(self->delay);
-    Py_CLEAR(self->inner);
-    Py_CLEAR(self->timeout);
-    return 0;
-}
+BT_GC_TRAVERSE(WaitFor, WaitForObject, WAITFOR_REFS)
+BT_GC_CLEAR(WaitFor, WaitForObject, WAITFOR_REFS)
 
 static void WaitFor_dealloc(WaitForObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
