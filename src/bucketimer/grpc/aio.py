@@ -1,78 +1,56 @@
-"""gRPC ``grpc.aio`` interceptors built on bucketimer timers.
+"""The ``grpc.aio`` interceptors: enforcing a server call's budget by
+cancelling the handler task and aborting the call with ``DEADLINE_EXCEEDED``
+(never a raw ``CancelledError``, which leaves the client waiting:
+grpc/grpc#29248), reporting slow calls with the handler's await stack,
+default client timeouts with propagation, and :func:`client_interceptors`
+to register multi-shape client interceptors (docs/grpc.rst, "grpc.aio").
 
-The asyncio counterparts of :mod:`bucketimer.grpc`:
-
-* :class:`DefaultTimeoutInterceptor` / :class:`DeadlinePropagationInterceptor`
-  -- client: default timeout and deadline propagation.  Register client
-  interceptors through :func:`client_interceptors`
-  (``grpc.aio.insecure_channel(target, interceptors=client_interceptors(...))``):
-  grpc.aio would use a multi-shape interceptor for unary-unary calls only.
-* :class:`ServerDeadlineInterceptor` -- server: when a call's budget runs out
-  the handler task is cancelled and the call is aborted with
-  ``DEADLINE_EXCEEDED`` (never left to a raw ``CancelledError``, which leaves
-  the client waiting; grpc/grpc#29248).
-* :class:`SlowCallInterceptor` -- client and server: logs calls still running
-  after a threshold (with the handler task's stack on the server) and their
-  total time when they end.
-
-Timers are scheduled from the event loop's thread, so they fire in that loop
-(posted through bucketimer's eventfd port); a call that ends in time costs one
-schedule + cancel.  :func:`remaining` works inside aio handlers (per task).
+Timers are scheduled from the event loop's thread, so they fire in that loop;
+a call that ends in time costs one schedule + cancel.  :func:`remaining`
+works inside aio handlers (per task).
 """
 
 from __future__ import annotations
-
-try:
-    import grpc  # absolute imports: the real grpcio package
-    import grpc.aio
-except ImportError as _exc:  # pragma: no cover - exercised without grpcio only
-    raise ImportError(
-        "bucketimer.grpc.aio needs grpcio, which is not installed; "
-        "install it with: pip install 'bucketimer[grpc]'"
-    ) from _exc
 
 import asyncio
 import inspect
 import io
 import linecache
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import grpc  # the real grpcio (bucketimer.grpc, imported first, says if it is missing)
+import grpc.aio
 
 import bucketimer
 
-from . import (
+from . import _common
+from ._common import *  # noqa: F403 - the names both backends export
+from ._common import (
     DEFAULT_DETAILS,
     DeadlineEvent,
-    SlowCall,
+    _as_status,
     _budget,
-    _budget_length,
-    _check_seconds,
     _deadline_var,
-    _log_deadline,
-    _log_slow,
+    _DeadlineCall,
+    _DeadlineSettings,
     _method_name,
     _monotonic,
-    _safe_hook,
+    _server_code,
+    _SlowCallBase,
     _SlowCallSettings,
     _TimeoutRules,
     _timer_thread,
-    _wrap_handler,
-    _WrapCache,
-    current_deadline,
-    remaining,
 )
 
 __all__ = [
-    "client_interceptors",
-    "DeadlineEvent",
     "DeadlinePropagationInterceptor",
     "DefaultTimeoutInterceptor",
     "ServerDeadlineInterceptor",
-    "SlowCall",
     "SlowCallInterceptor",
-    "current_deadline",
-    "remaining",
+    "client_interceptors",
 ]
+__all__ += _common.__all__
 
 _AbortError: Any = grpc.aio.AbortError
 _CancelledError = asyncio.CancelledError
@@ -83,14 +61,22 @@ _CancelledError = asyncio.CancelledError
 _CLIENT_DEADLINE_SLACK = 0.05
 
 
-def _behavior_shape(behavior: Callable[..., Any]) -> str | None:
-    """"gen" for an async generator function, "coro" for a coroutine
-    function, None for a plain function (left alone on an aio server)."""
-    if inspect.isasyncgenfunction(behavior):
-        return "gen"
-    if inspect.iscoroutinefunction(behavior):
-        return "coro"
-    return None
+def _is_async(behavior: Callable[..., Any]) -> bool:
+    """Coroutine and async generator functions; plain functions on an aio
+    server run in grpc's executor and are left alone."""
+    return inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)
+
+
+async def _write_all(behavior: Callable[..., Any], request: Any, handler_context: Any,
+                     context: Any) -> None:
+    """Serve an async generator handler through ``context.write()``, so that
+    every ``await`` of the call is inside the interceptor."""
+    responses = behavior(request, handler_context)
+    try:
+        async for message in responses:
+            await context.write(message)
+    finally:
+        await responses.aclose()
 
 
 # -- client --------------------------------------------------------------------------
@@ -112,20 +98,6 @@ class DefaultTimeoutInterceptor(
     gets at most the remaining budget minus ``margin``.
     """
 
-    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(self._details(client_call_details), request)
-
-    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await continuation(self._details(client_call_details), request)
-
-    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any,
-                                     request_iterator: Any) -> Any:
-        return await continuation(self._details(client_call_details), request_iterator)
-
-    async def intercept_stream_stream(self, continuation: Any, client_call_details: Any,
-                                      request_iterator: Any) -> Any:
-        return await continuation(self._details(client_call_details), request_iterator)
-
 
 class DeadlinePropagationInterceptor(DefaultTimeoutInterceptor):
     """aio client interceptor: deadline propagation only
@@ -143,64 +115,34 @@ class DeadlinePropagationInterceptor(DefaultTimeoutInterceptor):
 # calls.  client_interceptors() hands grpc one single-shape adapter per shape.
 
 
-class _UnaryUnaryAdapter(grpc.aio.UnaryUnaryClientInterceptor):
-    __slots__ = ("inner",)
+class _Adapter:
+    """One call shape of a multi-shape client interceptor ``inner``."""
+
+    __slots__ = ("inner", "_intercept")
+    _shape = ""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+        self._intercept = getattr(inner, f"intercept_{self._shape}")
 
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return self.inner.intercept_unary_unary(continuation, client_call_details, request)
-
-    def __repr__(self) -> str:
-        return f"<unary-unary {self.inner!r}>"
-
-
-class _UnaryStreamAdapter(grpc.aio.UnaryStreamClientInterceptor):
-    __slots__ = ("inner",)
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return self.inner.intercept_unary_stream(continuation, client_call_details, request)
+    def _forward(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return self._intercept(continuation, client_call_details, request)
 
     def __repr__(self) -> str:
-        return f"<unary-stream {self.inner!r}>"
+        return f"<{self._shape.replace('_', '-')} {self.inner!r}>"
 
 
-class _StreamUnaryAdapter(grpc.aio.StreamUnaryClientInterceptor):
-    __slots__ = ("inner",)
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return self.inner.intercept_stream_unary(continuation, client_call_details, request_iterator)
-
-    def __repr__(self) -> str:
-        return f"<stream-unary {self.inner!r}>"
+def _adapter(base: type, shape: str) -> type[_Adapter]:
+    return type(f"_{shape.title().replace('_', '')}Adapter", (_Adapter, base),
+                {"__slots__": (), "_shape": shape, f"intercept_{shape}": _Adapter._forward})
 
 
-class _StreamStreamAdapter(grpc.aio.StreamStreamClientInterceptor):
-    __slots__ = ("inner",)
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return self.inner.intercept_stream_stream(continuation, client_call_details, request_iterator)
-
-    def __repr__(self) -> str:
-        return f"<stream-stream {self.inner!r}>"
-
-
-_ADAPTERS = (
-    (grpc.aio.UnaryUnaryClientInterceptor, _UnaryUnaryAdapter),
-    (grpc.aio.UnaryStreamClientInterceptor, _UnaryStreamAdapter),
-    (grpc.aio.StreamUnaryClientInterceptor, _StreamUnaryAdapter),
-    (grpc.aio.StreamStreamClientInterceptor, _StreamStreamAdapter),
-)
+_ADAPTERS = [(base, _adapter(base, shape)) for base, shape in (
+    (grpc.aio.UnaryUnaryClientInterceptor, "unary_unary"),
+    (grpc.aio.UnaryStreamClientInterceptor, "unary_stream"),
+    (grpc.aio.StreamUnaryClientInterceptor, "stream_unary"),
+    (grpc.aio.StreamStreamClientInterceptor, "stream_stream"),
+)]
 
 
 def client_interceptors(*interceptors: Any) -> list[Any]:
@@ -232,121 +174,42 @@ def client_interceptors(*interceptors: Any) -> list[Any]:
 # -- server deadline ----------------------------------------------------------------------
 
 
-class _AioDeadlineContext(grpc.aio.ServicerContext):
-    """The context an aio handler sees under :class:`ServerDeadlineInterceptor`,
-    which is also the call's deadline state (one object per call; everything
-    runs in the loop's thread).  The real context, with ``time_remaining()``
-    counted against the budget and ``code()`` ``DEADLINE_EXCEEDED`` once it
-    ran out."""
+class _AioDeadlineContext(_DeadlineCall):
+    """An aio call under :class:`ServerDeadlineInterceptor` and its context
+    (everything runs in the loop's thread)."""
 
-    __slots__ = ("_ctx", "_ic", "_method", "_deadline", "_source", "_start", "_task",
-                 "_handle", "_fired", "_reported")
-
-    def __init__(self, ctx: Any, ic: ServerDeadlineInterceptor, method: str,
-                 deadline: float, source: str, start: float, task: Any) -> None:
-        self._ctx = ctx
-        self._ic = ic
-        self._method = method
-        self._deadline = deadline
-        self._source = source
-        self._start = start
-        self._task = task
-        self._fired = False
-        self._reported = False
-        self._handle: Any = None
+    __slots__ = ("_task",)
+    _task: asyncio.Task[Any] | None
 
     def _fire(self) -> None:
         """Timer callback (in the loop): cancel the handler task."""
-        self._fired = True
+        self._expired = True
         cancelled = self._task is not None and self._task.cancel()
-        self._report(cancelled)
+        self._report(cancelled=cancelled)
 
-    def _report(self, cancelled: bool) -> None:
-        if self._reported:
-            return
-        self._reported = True
-        ic = self._ic
-        ev = DeadlineEvent(self._method, self._source, _budget_length(self),
-                           _monotonic() - self._start, cancelled=cancelled)
-        _log_deadline(ev)
-        if ic._on_deadline is not None:
-            _safe_hook(ic._on_deadline, ev, "on_deadline")
+    def _ends_expired(self, exc: BaseException) -> bool:
+        """The handler raised ``exc``: cancel the timer; does ``exc`` end the
+        call with DEADLINE_EXCEEDED (rather than propagate)?  In the loop's
+        thread, a timer that has not run yet never will once cancelled."""
+        if not self._expired:
+            self._handle.cancel()
+            if (isinstance(exc, _CancelledError) and self._source == "client"
+                    and self._deadline - _monotonic() <= _CLIENT_DEADLINE_SLACK):
+                self._report()  # grpc enforced the client's deadline first
+            return False
+        return isinstance(exc, (Exception, _CancelledError)) and not isinstance(exc, _AbortError)
 
-    def time_remaining(self) -> float:
-        r = self._deadline - _monotonic()
-        return r if r > 0.0 else 0.0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ctx, name)
-
-    def read(self) -> Any:
-        return self._ctx.read()
-
-    def write(self, message: Any) -> Any:
-        return self._ctx.write(message)
-
-    def send_initial_metadata(self, initial_metadata: Any) -> Any:
-        return self._ctx.send_initial_metadata(initial_metadata)
-
-    def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> Any:
-        return self._ctx.abort(code, details, trailing_metadata)
-
-    def abort_with_status(self, status: Any) -> Any:
-        return self._ctx.abort_with_status(status)
-
-    def set_trailing_metadata(self, trailing_metadata: Any) -> None:
-        return self._ctx.set_trailing_metadata(trailing_metadata)
-
-    def invocation_metadata(self) -> Any:
-        return self._ctx.invocation_metadata()
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        return self._ctx.set_code(code)
-
-    def set_details(self, details: str) -> None:
-        return self._ctx.set_details(details)
-
-    def set_compression(self, compression: Any) -> None:
-        return self._ctx.set_compression(compression)
-
-    def disable_next_message_compression(self) -> None:
-        return self._ctx.disable_next_message_compression()
-
-    def peer(self) -> str:
-        return self._ctx.peer()
-
-    def peer_identities(self) -> Any:
-        return self._ctx.peer_identities()
-
-    def peer_identity_key(self) -> Any:
-        return self._ctx.peer_identity_key()
-
-    def auth_context(self) -> Any:
-        return self._ctx.auth_context()
-
-    def trailing_metadata(self) -> Any:
-        return self._ctx.trailing_metadata()
-
-    def code(self) -> Any:
-        code = self._ctx.code()
-        if self._fired and _as_status(code) in (None, grpc.StatusCode.OK):
-            return grpc.StatusCode.DEADLINE_EXCEEDED
-        return code
-
-    def details(self) -> Any:
-        return self._ctx.details()
-
-    def add_done_callback(self, callback: Any) -> None:
-        return self._ctx.add_done_callback(callback)
-
-    def cancelled(self) -> bool:
-        return self._ctx.cancelled()
-
-    def done(self) -> bool:
-        return self._ctx.done()
+    async def _end_expired(self) -> None:
+        task = self._task
+        if task is not None and task.cancelling():
+            task.uncancel()
+        await self._ctx.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self._ic._details)
 
 
-class ServerDeadlineInterceptor(grpc.aio.ServerInterceptor):
+grpc.aio.ServicerContext.register(_AioDeadlineContext)
+
+
+class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
     """aio server interceptor: enforce each call's budget.
 
     The budget is the smaller of the client's deadline and ``max_time``
@@ -371,87 +234,54 @@ class ServerDeadlineInterceptor(grpc.aio.ServerInterceptor):
                  on_deadline: Callable[[DeadlineEvent], object] | None = None,
                  details: str = DEFAULT_DETAILS,
                  timer_thread: bucketimer.TimerThread | None = None) -> None:
-        self._max_time = _check_seconds("max_time", max_time, allow_none=True)
-        if on_deadline is not None and not callable(on_deadline):
-            raise TypeError("on_deadline must be callable")
-        self._on_deadline = on_deadline
-        self._details = str(details)
-        self._tt = timer_thread
-        self._cache = _WrapCache(self._wrap_handler)
+        super().__init__(max_time, on_deadline=on_deadline, details=details, timer_thread=timer_thread)
+
+    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        return self._wrapped_handler(await continuation(handler_call_details), handler_call_details.method)
 
     def _begin(self, method: str, context: Any) -> _AioDeadlineContext | None:
         budget = _budget(context, self._max_time)
         if budget is None:
             return None
         deadline, source, now = budget
-        call = _AioDeadlineContext(context, self, method, deadline, source, now,
-                                   asyncio.current_task())
+        call = _AioDeadlineContext(context, self, method, deadline, source, now)
+        call._task = asyncio.current_task()
         call._handle = _timer_thread(self._tt).call_at(deadline, call._fire)
         return call
 
-    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        return self._cache.get(handler, handler_call_details.method)
-
-    def _wrap_handler(self, handler: Any, method: str) -> Any:
-        return _wrap_handler(handler, lambda b, req_streaming, streaming: self._wrap(b, method))
-
-    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
-        shape = _behavior_shape(behavior)
-        if shape is None:
+    def _wrap(self, behavior: Callable[..., Any], method: str,
+              request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        if not _is_async(behavior):
             return behavior
-        is_gen = shape == "gen"
+        is_gen = inspect.isasyncgenfunction(behavior)
+        begin = self._begin
 
         async def deadline_handler(request: Any, context: Any) -> Any:
-            call = self._begin(method, context)
+            call = begin(method, context)
             if call is None:  # no budget: nothing to enforce
                 if not is_gen:
                     return await behavior(request, context)
-                async for message in behavior(request, context):
-                    await context.write(message)
+                await _write_all(behavior, request, context, context)
                 return None
             token = _deadline_var.set(call._deadline)
             try:
-                result = None
-                try:
-                    try:
-                        if is_gen:
-                            responses = behavior(request, call)
-                            try:
-                                async for message in responses:
-                                    await context.write(message)
-                            finally:
-                                await responses.aclose()
-                        else:
-                            result = await behavior(request, call)
-                    finally:
-                        if not call._fired:
-                            call._handle.cancel()
-                except _CancelledError:
-                    if not call._fired:
-                        if call._source == "client" and call._deadline - _monotonic() <= _CLIENT_DEADLINE_SLACK:
-                            call._report(False)  # grpc enforced the client's deadline first
-                        raise
-                except _AbortError:
-                    raise  # the handler ended the call itself
-                except Exception:
-                    if not call._fired:
-                        raise
-                if not call._fired:
+                if is_gen:
+                    await _write_all(behavior, request, call, context)
+                    result = None
+                else:
+                    result = await behavior(request, call)
+            except BaseException as exc:
+                if not call._ends_expired(exc):
+                    raise
+            else:
+                if not call._expired:
+                    call._handle.cancel()
                     return result
-                task = call._task
-                if task is not None and task.cancelling():
-                    task.uncancel()
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self._details)
             finally:
                 _deadline_var.reset(token)
+            await call._end_expired()
 
         return deadline_handler
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(max_time={self._max_time!r})"
 
 
 # -- slow calls ---------------------------------------------------------------------------
@@ -491,36 +321,14 @@ def _await_stack(obj: Any, limit: int | None) -> str | None:
     return buf.getvalue() or None
 
 
-_CODE_MAP: dict[Any, grpc.StatusCode] = {}
-try:
-    from grpc import _common as _grpc_common
-
-    _CODE_MAP = dict(_grpc_common.CYGRPC_STATUS_CODE_TO_STATUS_CODE)
-except (ImportError, AttributeError):  # pragma: no cover
-    pass
+_EXC_CODES = ((_CancelledError, grpc.StatusCode.CANCELLED),)
 
 
-def _as_status(code: Any) -> grpc.StatusCode | None:
-    if isinstance(code, grpc.StatusCode):
-        return code
-    return _CODE_MAP.get(code)
+class _AioSlowCall(_SlowCallBase):
+    """Per-call state of :class:`SlowCallInterceptor` (aio), in the loop;
+    ``where`` is the handler's coroutine or async generator."""
 
-
-class _AioSlowCall:
-    """Per-call state of :class:`SlowCallInterceptor` (aio), in the loop."""
-
-    __slots__ = ("interceptor", "method", "side", "start", "handler", "handle", "slow", "done")
-
-    def __init__(self, interceptor: SlowCallInterceptor, method: str, side: str) -> None:
-        self.interceptor = interceptor
-        self.method = method
-        self.side = side
-        self.handler: Any = None  # the handler's coroutine / async generator
-        self.slow = False
-        self.done = False
-        self.start = _monotonic()
-        self.handle = _timer_thread(interceptor._tt).call_at(
-            self.start + interceptor._threshold, self.fire)
+    __slots__ = ()
 
     def fire(self) -> None:
         if self.done:
@@ -528,12 +336,9 @@ class _AioSlowCall:
         self.slow = True
         ic = self.interceptor
         stack = None
-        if ic._stack and self.handler is not None:
-            stack = _await_stack(self.handler, ic._stack_limit)
-        info = SlowCall(self.method, self.side, _monotonic() - self.start, False, None, stack)
-        _log_slow(ic._level, info)
-        if ic._on_slow is not None:
-            _safe_hook(ic._on_slow, info, "on_slow")
+        if ic._stack and self.where is not None:
+            stack = _await_stack(self.where, ic._stack_limit)
+        self._report(False, None, stack)
 
     def finish(self, code: grpc.StatusCode | None) -> None:
         if self.done:
@@ -542,25 +347,12 @@ class _AioSlowCall:
         if not self.slow:
             self.handle.cancel()
             return
-        ic = self.interceptor
-        info = SlowCall(self.method, self.side, _monotonic() - self.start, True, code, None)
-        _log_slow(ic._level, info)
-        if ic._on_slow is not None:
-            _safe_hook(ic._on_slow, info, "on_slow")
+        self._report(True, code, None)
 
 
-def _server_code(context: Any, exc: BaseException | None) -> grpc.StatusCode | None:
-    try:
-        code = _as_status(context.code())
-    except Exception:
-        code = None
-    if code is not None and (exc is None or code is not grpc.StatusCode.OK):
-        return code
-    if exc is None:
-        return grpc.StatusCode.OK
-    if isinstance(exc, _CancelledError):
-        return grpc.StatusCode.CANCELLED
-    return grpc.StatusCode.UNKNOWN
+def _aio_server_code(context: Any, exc: BaseException | None) -> grpc.StatusCode | None:
+    # an aio handler's exception overrides an OK it set (grpc sends UNKNOWN)
+    return _server_code(context, exc, set_code_wins=False, exc_codes=_EXC_CODES)
 
 
 class SlowCallInterceptor(
@@ -581,31 +373,25 @@ class SlowCallInterceptor(
     # -- server ------------------------------------------------------------------
 
     async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        return self._cache.get(handler, handler_call_details.method)
+        return self._wrapped_handler(await continuation(handler_call_details), handler_call_details.method)
 
-    def _wrap_handler(self, handler: Any, method: str) -> Any:
-        return _wrap_handler(handler, lambda b, req_streaming, streaming: self._wrap(b, method))
-
-    def _wrap(self, behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
-        shape = _behavior_shape(behavior)
-        if shape is None:
+    def _wrap(self, behavior: Callable[..., Any], method: str,
+              request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        if not _is_async(behavior):
             return behavior
-        if shape == "gen":
-            async def slow_gen(request: Any, context: Any) -> Any:
+        if inspect.isasyncgenfunction(behavior):
+            async def slow_gen(request: Any, context: Any) -> AsyncIterator[Any]:
                 call = _AioSlowCall(self, method, "server")
                 exc: BaseException | None = None
                 try:
-                    call.handler = responses = behavior(request, context)
+                    call.where = responses = behavior(request, context)
                     async for message in responses:
                         yield message
                 except BaseException as e:
                     exc = None if isinstance(e, GeneratorExit) else e
                     raise
                 finally:
-                    call.finish(_server_code(context, exc) if call.slow else None)
+                    call.finish(_aio_server_code(context, exc) if call.slow else None)
 
             return slow_gen
 
@@ -613,22 +399,22 @@ class SlowCallInterceptor(
             call = _AioSlowCall(self, method, "server")
             exc: BaseException | None = None
             try:
-                call.handler = coro = behavior(request, context)
+                call.where = coro = behavior(request, context)
                 return await coro
             except BaseException as e:
                 exc = e
                 raise
             finally:
-                call.finish(_server_code(context, exc) if call.slow else None)
+                call.finish(_aio_server_code(context, exc) if call.slow else None)
 
         return slow_coro
 
     # -- client ------------------------------------------------------------------
 
-    async def _client(self, continuation: Any, details: Any, request: Any) -> Any:
-        call = _AioSlowCall(self, _method_name(details.method), "client")
+    async def _client(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        call = _AioSlowCall(self, _method_name(client_call_details.method), "client")
         try:
-            rpc = await continuation(details, request)
+            rpc = await continuation(client_call_details, request)
         except BaseException:
             call.finish(grpc.StatusCode.UNKNOWN if call.slow else None)
             raise
@@ -645,22 +431,8 @@ class SlowCallInterceptor(
             call.finish(grpc.StatusCode.OK if call.slow else None)
         return rpc
 
-    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await self._client(continuation, client_call_details, request)
-
-    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return await self._client(continuation, client_call_details, request)
-
-    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any,
-                                     request_iterator: Any) -> Any:
-        return await self._client(continuation, client_call_details, request_iterator)
-
-    async def intercept_stream_stream(self, continuation: Any, client_call_details: Any,
-                                      request_iterator: Any) -> Any:
-        return await self._client(continuation, client_call_details, request_iterator)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(threshold={self._threshold!r})"
+    intercept_unary_unary = intercept_unary_stream = _client
+    intercept_stream_unary = intercept_stream_stream = _client
 
 
 async def _finish_with_code(call: _AioSlowCall, rpc: Any) -> None:
@@ -669,4 +441,3 @@ async def _finish_with_code(call: _AioSlowCall, rpc: Any) -> None:
     except Exception:
         code = None
     call.finish(code)
-

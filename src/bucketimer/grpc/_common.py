@@ -1,0 +1,550 @@
+"""What the sync and aio interceptors share: budgets and their propagation,
+argument checks, the facts handed to hooks and how they are logged, the
+delegating context base, handler wrapping with its per-method cache, and
+the settings of each interceptor (docs/grpc.rst, "The interceptors").
+"""
+
+from __future__ import annotations
+
+try:
+    import grpc as grpc  # the real grpcio package (absolute import); re-exported
+except ImportError as _exc:  # pragma: no cover - exercised without grpcio only
+    raise ImportError(
+        "bucketimer.grpc needs grpcio, which is not installed; "
+        "install it with: pip install 'bucketimer[grpc]'"
+    ) from _exc
+
+import collections
+import contextvars
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import bucketimer
+
+# the public names both backends export
+__all__ = ["DeadlineEvent", "SlowCall", "current_deadline", "remaining"]
+
+logger = logging.getLogger("bucketimer.grpc")
+
+_monotonic = time.monotonic
+
+# Above this, a server's time_remaining() means "no deadline" (sync grpc
+# reports ~9.2e18 s for a call without one).
+_NO_DEADLINE = 1e9
+
+DEFAULT_DETAILS = "Deadline Exceeded"
+
+# The timeout given to a call whose propagated budget is already spent.
+_SPENT = -1.0
+
+# -- deadline propagation ------------------------------------------------------
+
+#: Absolute ``time.monotonic()`` deadline of the call being served in this
+#: context (set by ServerDeadlineInterceptor around the handler), or None.
+_deadline_var: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "bucketimer.grpc.deadline", default=None
+)
+
+
+def current_deadline() -> float | None:
+    """The absolute deadline (``time.monotonic()`` seconds) of the call being
+    served in this context, or None outside a handler served through
+    ``ServerDeadlineInterceptor`` or when the call has no budget."""
+    return _deadline_var.get()
+
+
+def remaining() -> float | None:
+    """Seconds left in the budget of the call being served in this context
+    (never negative), or None when there is no budget (outside a handler, or a
+    call with neither a client deadline nor ``max_time``).
+
+    Read from the monotonic clock; inside a sync handler it is valid in the
+    handler's thread, inside an aio handler in the handler's task (and in
+    tasks it creates, which copy its context).
+    """
+    d = _deadline_var.get()
+    if d is None:
+        return None
+    r = d - _monotonic()
+    return r if r > 0.0 else 0.0
+
+
+def _propagated_timeout(timeout: float | None, margin: float) -> float | None:
+    """``timeout`` capped by the current budget minus ``margin`` (never < 0)."""
+    d = _deadline_var.get()
+    if d is None:
+        return timeout
+    left = d - _monotonic() - margin
+    if left <= 0.0:
+        # Spent: a deadline already well in the past, so grpc fails the call
+        # with DEADLINE_EXCEEDED before sending it.  (A timeout of 0 is not
+        # enough: the core compares it with a cached clock and often lets a
+        # fast call through.)
+        return _SPENT
+    if timeout is None or left < timeout:
+        return left
+    return timeout
+
+
+def _budget(context: Any, max_time: float | None) -> tuple[float, str, float] | None:
+    """A call's budget: (deadline, "client" or "max_time", now), the
+    smaller of the client's deadline and ``max_time`` from now; None when
+    there is neither."""
+    now = _monotonic()
+    rem = context.time_remaining()
+    if rem is None or rem >= _NO_DEADLINE:
+        if max_time is None:
+            return None
+        return now + max_time, "max_time", now
+    if max_time is not None and max_time < rem:
+        return now + max_time, "max_time", now
+    return now + (rem if rem > 0.0 else 0.0), "client", now
+
+
+# -- small helpers -----------------------------------------------------------------
+
+
+def _check_seconds(name: str, value: Any, *, allow_none: bool, allow_zero: bool = False) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise TypeError(f"{name} must be a number of seconds, not None")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return value
+
+
+def _check_hook(name: str, hook: Any) -> Any:
+    if hook is not None and not callable(hook):
+        raise TypeError(f"{name} must be callable")
+    return hook
+
+
+def _method_name(method: Any) -> str:
+    if isinstance(method, bytes):
+        return method.decode("utf-8", "replace")
+    return str(method)
+
+
+def _timer_thread(tt: bucketimer.TimerThread | None) -> bucketimer.TimerThread:
+    return tt if tt is not None else bucketimer.default_timer_thread()
+
+
+def _safe_hook(hook: Callable[[Any], object], arg: Any, what: str) -> None:
+    try:
+        hook(arg)
+    except Exception:
+        logger.exception("bucketimer.grpc: %s hook %r raised", what, hook)
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
+    """A ClientCallDetails for details objects that are not namedtuples."""
+
+
+def _with_timeout(details: Any, timeout: float | None) -> Any:
+    replace = getattr(details, "_replace", None)
+    if replace is not None:
+        return replace(timeout=timeout)
+    return _CallDetails(
+        details.method,
+        timeout,
+        getattr(details, "metadata", None),
+        getattr(details, "credentials", None),
+        getattr(details, "wait_for_ready", None),
+        getattr(details, "compression", None),
+    )
+
+
+# -- status codes ---------------------------------------------------------------------
+
+# grpc.aio contexts report the C core's codes; map them to grpc.StatusCode.
+_CODE_MAP: dict[Any, grpc.StatusCode] = {}
+try:
+    from grpc import _common as _grpc_common
+
+    _CODE_MAP = dict(_grpc_common.CYGRPC_STATUS_CODE_TO_STATUS_CODE)
+except (ImportError, AttributeError):  # pragma: no cover
+    pass
+
+
+def _as_status(code: Any) -> grpc.StatusCode | None:
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return _CODE_MAP.get(code)
+
+
+def _code_of(outcome: Any) -> grpc.StatusCode | None:
+    """The status of a finished client call (sync grpc's call, future or error)."""
+    code = getattr(outcome, "code", None)
+    if code is None:
+        return None
+    try:
+        c = code()
+    except Exception:
+        return None
+    return c if isinstance(c, grpc.StatusCode) else None
+
+
+def _server_code(context: Any, exc: BaseException | None, *, set_code_wins: bool,
+                 exc_codes: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = ()) -> grpc.StatusCode | None:
+    """The status a server call ended with: the one the handler set (which
+    on the sync server survives an exception: ``set_code_wins``), OK when it
+    returned, else the code ``exc_codes`` gives its exception, or UNKNOWN."""
+    try:
+        code = _as_status(context.code())
+    except Exception:
+        code = None
+    if code is not None and (exc is None or set_code_wins or code is not grpc.StatusCode.OK):
+        return code
+    if exc is None:
+        return grpc.StatusCode.OK
+    for kind, kind_code in exc_codes:
+        if isinstance(exc, kind):
+            return kind_code
+    return grpc.StatusCode.UNKNOWN
+
+
+# -- facts handed to hooks ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadlineEvent:
+    """What ``ServerDeadlineInterceptor`` passes to ``on_deadline``.
+
+    ``source`` is ``"client"`` when the client's deadline was the binding one,
+    ``"max_time"`` when the server's ``max_time`` was.  ``budget`` is the
+    call's budget in seconds, ``elapsed`` the time since the handler started.
+    ``interrupted`` is True when the sync handler thread was sent a
+    ``DeadlineInterrupt`` (interrupt mode) and ``cancelled`` when the aio
+    handler task was cancelled.
+    """
+
+    method: str
+    source: str
+    budget: float
+    elapsed: float
+    interrupted: bool = False
+    cancelled: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SlowCall:
+    """What ``SlowCallInterceptor`` logs and passes to ``on_slow``.
+
+    Reported twice for each slow call: once when it passes the threshold
+    (``finished=False``; on a sync server ``stack`` holds the handler thread's
+    current Python stack, on an aio server the handler task's stack), and once
+    when it ends (``finished=True``, ``elapsed`` is its total time and
+    ``code`` its status when known).
+    """
+
+    method: str
+    side: str  # "client" or "server"
+    elapsed: float
+    finished: bool
+    code: grpc.StatusCode | None = None
+    stack: str | None = None
+
+
+def _log_slow(level: int, info: SlowCall) -> None:
+    if not logger.isEnabledFor(level):
+        return
+    extra = {
+        "grpc_method": info.method,
+        "grpc_side": info.side,
+        "grpc_elapsed": info.elapsed,
+        "grpc_finished": info.finished,
+        "grpc_code": info.code,
+    }
+    if info.finished:
+        code = info.code.name if info.code is not None else "unknown status"
+        logger.log(level, "slow gRPC %s call %s finished after %.3f s (%s)",
+                   info.side, info.method, info.elapsed, code, extra=extra)
+    elif info.stack:
+        logger.log(level, "slow gRPC %s call %s still running after %.3f s; handler stack:\n%s",
+                   info.side, info.method, info.elapsed, info.stack.rstrip("\n"), extra=extra)
+    else:
+        logger.log(level, "slow gRPC %s call %s still running after %.3f s",
+                   info.side, info.method, info.elapsed, extra=extra)
+
+
+def _log_deadline(ev: DeadlineEvent) -> None:
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    how = " (handler interrupted)" if ev.interrupted else " (handler cancelled)" if ev.cancelled else ""
+    logger.info("gRPC server call %s ran out of its %.3f s budget (%s) after %.3f s%s",
+                ev.method, ev.budget, ev.source, ev.elapsed, how,
+                extra={"grpc_method": ev.method, "grpc_elapsed": ev.elapsed,
+                       "grpc_budget": ev.budget, "grpc_source": ev.source})
+
+
+# -- the handler's context --------------------------------------------------------------
+
+
+class _ContextProxy:
+    """The real servicer context ``_ctx``, seen through: every attribute this
+    class does not define is the real context's.
+
+    Each backend registers its subclasses as virtual subclasses of its
+    ``ServicerContext`` ABC (``isinstance`` holds), rather than deriving from
+    it: deriving would shadow ``__getattr__`` with the ABC's methods, which
+    are abstract or raise ``NotImplementedError``.
+    """
+
+    __slots__ = ("_ctx",)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_ctx":  # not set yet: never recurse
+            raise AttributeError(name)
+        return getattr(self._ctx, name)
+
+
+class _DeadlineCall(_ContextProxy):
+    """One call under ``ServerDeadlineInterceptor``: its budget and timer, and
+    the context its handler sees, with ``time_remaining()`` counted against
+    the budget and ``code()`` ``DEADLINE_EXCEEDED`` once the budget ran out
+    (if the handler set none).  ``_expired``: the timer fired; ``_done``: the
+    handler ended."""
+
+    __slots__ = ("_ic", "_method", "_deadline", "_source", "_start", "_expired", "_done", "_handle")
+
+    def __init__(self, ctx: Any, ic: _DeadlineSettings, method: str,
+                 deadline: float, source: str, start: float) -> None:
+        self._ctx = ctx
+        self._ic = ic
+        self._method = method
+        self._deadline = deadline
+        self._source = source
+        self._start = start
+        self._expired = False
+        self._done = False
+        self._handle: Any = None
+
+    def time_remaining(self) -> float:
+        r = self._deadline - _monotonic()
+        return r if r > 0.0 else 0.0
+
+    def code(self) -> Any:
+        code = self._ctx.code()
+        if self._expired and _as_status(code) in (None, grpc.StatusCode.OK):
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        return code
+
+    def _budget_length(self) -> float:
+        """The server's ``max_time`` exactly when that was the budget
+        (``deadline - start`` of two monotonic floats can come out as
+        0.09999999999854481 for 0.1)."""
+        if self._source == "max_time":
+            return float(self._ic._max_time)  # type: ignore[arg-type]
+        return self._deadline - self._start
+
+    def _report(self, *, interrupted: bool = False, cancelled: bool = False) -> None:
+        ic = self._ic
+        ev = DeadlineEvent(self._method, self._source, self._budget_length(),
+                           _monotonic() - self._start, interrupted=interrupted, cancelled=cancelled)
+        _log_deadline(ev)
+        if ic._on_deadline is not None:
+            _safe_hook(ic._on_deadline, ev, "on_deadline")
+
+
+# -- wrapping a server's handlers ----------------------------------------------------------------
+
+
+class _Handler(
+    collections.namedtuple(
+        "_Handler",
+        ("request_streaming", "response_streaming", "request_deserializer",
+         "response_serializer", "unary_unary", "unary_stream", "stream_unary",
+         "stream_stream"),
+    ),
+    grpc.RpcMethodHandler,
+):
+    """An RpcMethodHandler for handlers that are not namedtuples."""
+
+
+def _behavior_kind(handler: Any) -> str:
+    if handler.response_streaming:
+        return "stream_stream" if handler.request_streaming else "unary_stream"
+    return "stream_unary" if handler.request_streaming else "unary_unary"
+
+
+def _replace_behavior(handler: Any, kind: str, wrapped: Callable[..., Any]) -> Any:
+    replace = getattr(handler, "_replace", None)
+    if replace is not None:
+        return replace(**{kind: wrapped})
+    fields = {k: getattr(handler, k, None) for k in _Handler._fields}
+    fields[kind] = wrapped
+    return _Handler(**fields)
+
+
+class _ServerWrapper:
+    """A server interceptor that wraps each method's behaviour: ``_wrap``
+    makes the wrapper for one method, ``_cache.get`` finds it again.
+
+    Generic handlers return the same handler object for every call of a
+    method, so the wrapping (new closures, a new RpcMethodHandler) is done
+    once per method, not per call.  An entry is used only for the very handler
+    object it was made from; the cache is cleared when it holds ``limit``
+    methods.
+    """
+
+    _limit = 1024
+
+    def __init__(self) -> None:
+        self._wrapped: dict[Any, tuple[Any, Any]] = {}
+
+    def _wrapped_handler(self, handler: Any, method: Any) -> Any:
+        """``handler`` (of ``method``) with its behaviour wrapped; None stays None."""
+        if handler is None:
+            return None
+        entry = self._wrapped.get(method)
+        if entry is not None and entry[0] is handler:
+            return entry[1]
+        wrapped = self._wrap_handler(handler, _method_name(method))
+        if len(self._wrapped) >= self._limit:
+            self._wrapped.clear()
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap_handler(self, handler: Any, method: str) -> Any:
+        kind = _behavior_kind(handler)
+        behavior = getattr(handler, kind, None)
+        if behavior is None or getattr(behavior, "experimental_non_blocking", False):
+            return handler  # non-blocking handlers answer from other threads: left alone
+        wrapped = self._wrap(behavior, method, bool(handler.request_streaming),
+                             bool(handler.response_streaming))
+        if wrapped is behavior:
+            return handler
+        pool = getattr(behavior, "experimental_thread_pool", None)
+        if pool is not None:
+            wrapped.experimental_thread_pool = pool  # type: ignore[attr-defined]
+        return _replace_behavior(handler, kind, wrapped)
+
+    def _wrap(self, behavior: Callable[..., Any], method: str,
+              request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        raise NotImplementedError
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+class _TimeoutRules:
+    """DefaultTimeoutInterceptor, sync and aio: the settings, the timeout a
+    call gets, and the four client methods (which return what the
+    continuation returns: grpc.aio awaits it)."""
+
+    def __init__(self, timeout: float | None, *, propagate: bool = True, margin: float = 0.0) -> None:
+        self._timeout = _check_seconds("timeout", timeout, allow_none=True)
+        self._margin = _check_seconds("margin", margin, allow_none=False, allow_zero=True)
+        self._propagate = bool(propagate)
+
+    @property
+    def timeout(self) -> float | None:
+        return self._timeout
+
+    def _details(self, details: Any) -> Any:
+        explicit = details.timeout
+        t = self._timeout if explicit is None else explicit
+        if self._propagate:
+            t = _propagated_timeout(t, self._margin)
+        return details if t is explicit else _with_timeout(details, t)
+
+    def _intercept(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        return continuation(self._details(client_call_details), request)
+
+    intercept_unary_unary = intercept_unary_stream = _intercept
+    intercept_stream_unary = intercept_stream_stream = _intercept
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(timeout={self._timeout!r}, "
+                f"propagate={self._propagate!r}, margin={self._margin!r})")
+
+
+class _DeadlineSettings(_ServerWrapper):
+    """ServerDeadlineInterceptor, sync and aio: the settings."""
+
+    def __init__(self, max_time: float | None = None, *,
+                 on_deadline: Callable[[DeadlineEvent], object] | None = None,
+                 details: str = DEFAULT_DETAILS,
+                 timer_thread: bucketimer.TimerThread | None = None) -> None:
+        super().__init__()
+        self._max_time = _check_seconds("max_time", max_time, allow_none=True)
+        self._on_deadline = _check_hook("on_deadline", on_deadline)
+        self._details = str(details)
+        self._tt = timer_thread
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_time={self._max_time!r})"
+
+
+class _SlowCallSettings(_ServerWrapper):
+    """SlowCallInterceptor, sync and aio: the settings, and reporting."""
+
+    def __init__(self, threshold: float, *,
+                 on_slow: Callable[[SlowCall], object] | None = None,
+                 level: int = logging.WARNING, stack: bool = True,
+                 stack_limit: int | None = 30,
+                 timer_thread: bucketimer.TimerThread | None = None) -> None:
+        super().__init__()
+        self._threshold = _check_seconds("threshold", threshold, allow_none=False, allow_zero=True)
+        self._on_slow = _check_hook("on_slow", on_slow)
+        self._level = int(level)
+        self._stack = bool(stack)
+        self._stack_limit = stack_limit
+        self._tt = timer_thread
+
+    @property
+    def threshold(self) -> float:
+        assert self._threshold is not None
+        return self._threshold
+
+    def _report(self, info: SlowCall) -> None:
+        _log_slow(self._level, info)
+        if self._on_slow is not None:
+            _safe_hook(self._on_slow, info, "on_slow")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(threshold={self._threshold!r})"
+
+
+class _SlowCallBase:
+    """Per-call state of ``SlowCallInterceptor``: its start and timer, and
+    ``where`` the backend looks for the stack at the threshold (None: no
+    stack).  ``slow``: the timer fired; ``done``: the call ended."""
+
+    __slots__ = ("interceptor", "method", "side", "where", "start", "handle", "slow", "done")
+
+    def __init__(self, interceptor: _SlowCallSettings, method: str, side: str, where: Any = None) -> None:
+        self.interceptor = interceptor
+        self.method = method
+        self.side = side
+        self.where = where
+        self.slow = False
+        self.done = False
+        self.start = start = _monotonic()
+        tt = interceptor._tt
+        if tt is None:
+            tt = bucketimer.default_timer_thread()
+        self.handle = tt.call_at(start + interceptor._threshold, self.fire)  # type: ignore[operator]
+
+    def fire(self) -> None:
+        raise NotImplementedError
+
+    def _report(self, finished: bool, code: grpc.StatusCode | None, stack: str | None) -> None:
+        self.interceptor._report(SlowCall(self.method, self.side, _monotonic() - self.start,
+                                          finished, code, stack))

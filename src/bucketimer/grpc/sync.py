@@ -1,0 +1,639 @@
+"""The sync ``grpc`` interceptors: enforcing a server call's budget from
+bucketimer's dispatcher thread (and, in interrupt mode, stopping the handler
+thread with an asynchronous exception), reporting slow calls with the stuck
+handler thread's stack, and default client timeouts with propagation
+(docs/grpc.rst).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+import bucketimer
+
+from . import _common
+from ._common import *  # noqa: F403 - the names both backends export
+from ._common import (
+    DEFAULT_DETAILS,
+    DeadlineEvent,
+    _budget,
+    _code_of,
+    _deadline_var,
+    _DeadlineCall,
+    _DeadlineSettings,
+    _method_name,
+    _server_code,
+    _SlowCallBase,
+    _SlowCallSettings,
+    _TimeoutRules,
+    _timer_thread,
+    logger,
+)
+
+try:  # the C-core status codes, for cancelling a server call with a status
+    from grpc._cython import cygrpc as _cygrpc
+
+    _CORE_DEADLINE_EXCEEDED: Any = _cygrpc.StatusCode.deadline_exceeded
+except (ImportError, AttributeError):  # pragma: no cover - a very different grpcio
+    _cygrpc = None
+    _CORE_DEADLINE_EXCEEDED = None
+
+__all__ = [
+    "DeadlineInterrupt",
+    "DeadlinePropagationInterceptor",
+    "DefaultTimeoutInterceptor",
+    "ServerDeadlineInterceptor",
+    "SlowCallInterceptor",
+]
+__all__ += _common.__all__
+
+_get_ident = threading.get_ident
+
+# next()'s default at the end of a response stream
+_END: Any = object()
+
+# -- asynchronous exceptions (interrupt mode) -------------------------------------------
+
+# Own prototypes, so the shared ctypes.pythonapi function object is not touched.
+_SetAsyncExc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+_ClearAsyncExc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
+
+
+class DeadlineInterrupt(BaseException):
+    """Raised asynchronously inside a sync handler thread whose budget ran out
+    (``ServerDeadlineInterceptor(interrupt=True)``).
+
+    A ``BaseException``, so ``except Exception`` in the handler does not
+    swallow it; ``finally`` blocks and context managers still run.  The
+    interceptor catches it and ends the call with ``DEADLINE_EXCEEDED``.
+    """
+
+
+def _code_dirs() -> tuple[str, ...]:
+    """Where an asynchronous exception must not land: code that keeps state
+    across statements (grpc's call bookkeeping, locks and conditions, the
+    executor, logging, this package)."""
+    import concurrent.futures
+    import logging
+    import os
+    import queue
+
+    mods = (grpc, threading, queue, concurrent.futures, logging, sys.modules[__package__])
+    dirs = []
+    for m in mods:
+        f = getattr(m, "__file__", None)
+        if f:
+            dirs.append(os.path.dirname(f) + os.sep if os.path.basename(f) == "__init__.py" else f)
+    return tuple(dirs)
+
+
+_UNSAFE_CODE = _code_dirs()
+
+# How often an interrupt is retried while the handler thread is in code where
+# an asynchronous exception must not land (see _UNSAFE_CODE).
+_INTERRUPT_RETRY = 0.001
+
+
+def _abort_server_call(context: Any, details: str) -> None:
+    """End a sync server call with DEADLINE_EXCEEDED from any thread.
+
+    grpc's sync ``context.abort()`` only works in the handler's thread, so
+    this cancels the core call with a status: the transport sends the client a
+    ``DEADLINE_EXCEEDED`` trailer and the call is marked cancelled (which
+    turns ``is_active()`` false).  Without access to the core call (a context
+    wrapped by someone else) it falls back to ``context.cancel()``: the client
+    then sees ``CANCELLED``.
+    """
+    call = getattr(getattr(context, "_rpc_event", None), "call", None)
+    try:
+        if call is not None and _CORE_DEADLINE_EXCEEDED is not None:
+            call.cancel(_CORE_DEADLINE_EXCEEDED, details)
+        else:
+            context.cancel()
+    except Exception:  # the call ended meanwhile
+        logger.debug("bucketimer.grpc: cancelling an expired call failed", exc_info=True)
+
+
+# -- the handler's context ------------------------------------------------------------------
+
+
+class _DeadlineContext(_DeadlineCall):
+    """A sync call under :class:`ServerDeadlineInterceptor` and its context:
+    ``is_active()`` turns false as soon as the budget runs out.
+
+    No lock: the handler's end sets ``_done`` and cancels the timer; a failed
+    cancel means the timer fired.  A timer firing at the very moment the
+    handler ends may still end the call with ``DEADLINE_EXCEEDED``, which is
+    right either way.
+    """
+
+    __slots__ = ()
+
+    def is_active(self) -> bool:
+        return not self._expired and self._ctx.is_active()
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, a piece of the handler's code, with the budget in
+        :func:`remaining`."""
+        token = _deadline_var.set(self._deadline)
+        try:
+            return fn(*args)
+        finally:
+            _deadline_var.reset(token)
+
+    def _finish(self) -> bool:
+        """The handler is done: cancel the timer; True if the budget ran out."""
+        self._done = True
+        return not self._handle.cancel()  # a failed cancel: the timer fired
+
+    def _ends_expired(self, exc: BaseException) -> bool:
+        """The handler raised ``exc``: :meth:`_finish`; does ``exc`` end the
+        call with DEADLINE_EXCEEDED (rather than propagate)?"""
+        self._finish()
+        return isinstance(exc, DeadlineInterrupt) or (isinstance(exc, Exception) and self._expired)
+
+    def _end_expired(self) -> None:
+        # The client already has its status; this tells grpc the handler is
+        # over without sending a response (grpc skips a cancelled call).
+        self._ctx.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self._ic._details)
+
+    def _fire(self) -> None:
+        """Timer callback (dispatcher thread): the budget ran out."""
+        if self._done or self._expired:
+            return
+        self._expired = True
+        _abort_server_call(self._ctx, self._ic._details)
+        self._report()
+
+
+class _InterruptibleContext(_DeadlineContext):
+    """:class:`_DeadlineContext` for ``interrupt=True``.
+
+    ``_inside`` is True while the handler's own code runs in thread
+    ``_ident`` (the interrupt window).  ``_lock`` orders the timer's "expire,
+    maybe interrupt" against the handler's "leave the window, clear any
+    interrupt not delivered yet", so an asynchronous exception never escapes
+    the window.
+
+    Inside the window, calls into grpc (this context's methods, the request
+    iterator) go through :meth:`_shield`: they leave the window for their
+    duration, and an interrupt due meanwhile is raised synchronously when
+    they return -- grpc's bookkeeping is never cut in half.  For other code
+    (a downstream client call, a lock wait) the timer checks where the thread
+    is and retries every millisecond while it is in such code.
+    """
+
+    __slots__ = ("_lock", "_ident", "_inside", "_shielded", "_interrupted")
+
+    def __init__(self, ctx: Any, ic: ServerDeadlineInterceptor, method: str,
+                 deadline: float, source: str, start: float) -> None:
+        super().__init__(ctx, ic, method, deadline, source, start)
+        self._lock = threading.Lock()
+        self._ident = 0
+        self._inside = False
+        self._shielded = False
+        self._interrupted = False
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        token = _deadline_var.set(self._deadline)
+        try:
+            return self._step(fn, *args)
+        finally:
+            _deadline_var.reset(token)
+
+    def _step(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """One piece of handler code (the call, or one ``next()``) in the window."""
+        with self._lock:
+            self._ident = _get_ident()
+            self._inside = True
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self._inside = False
+                if self._interrupted:
+                    # Set but maybe not delivered yet: it must not land outside.
+                    _ClearAsyncExc(self._ident, None)
+
+    def _shield(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call grpc code from the handler: out of the window while it runs."""
+        if _get_ident() != self._ident or not self._leave_window():
+            return fn(*args, **kwargs)  # another thread, nested, or the handler is over
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._lock:
+                self._inside = True
+                self._shielded = False
+                due = self._expired and not self._interrupted and not self._done
+                if due:
+                    self._interrupted = True
+            if due:  # expired while in grpc: interrupt now, synchronously
+                raise DeadlineInterrupt
+
+    def _leave_window(self) -> bool:
+        """For :meth:`_shield`: leave the window; False if not in it."""
+        with self._lock:
+            if not self._inside:
+                return False
+            if self._interrupted:
+                # Sent, maybe still pending: raise it here, not inside grpc.
+                _ClearAsyncExc(self._ident, None)
+                raise DeadlineInterrupt
+            self._inside = False
+            self._shielded = True
+            return True
+
+    def __getattr__(self, name: str) -> Any:
+        attr = super().__getattr__(name)
+        if not callable(attr):
+            return attr
+        shield = self._shield
+        return lambda *args, **kwargs: shield(attr, *args, **kwargs)
+
+    def is_active(self) -> bool:
+        return not self._expired and self._shield(self._ctx.is_active)
+
+    def code(self) -> Any:
+        return self._shield(super().code)
+
+    def _finish(self) -> bool:
+        with self._lock:
+            self._done = True
+            expired = self._expired
+        if not expired:
+            self._handle.cancel()
+        return expired
+
+    def _interrupt_locked(self) -> bool:
+        """With ``_lock`` held: send the interrupt if the thread is at a safe
+        point; False if it must be retried."""
+        if not self._inside or self._interrupted:
+            return True  # in grpc through _shield() (raised on return), or between messages
+        frame = sys._current_frames().get(self._ident)
+        if frame is not None and frame.f_code.co_filename.startswith(_UNSAFE_CODE):
+            return False
+        self._interrupted = _SetAsyncExc(self._ident, DeadlineInterrupt) == 1
+        return True
+
+    def _retry_interrupt(self) -> None:
+        with self._lock:
+            if self._done or self._interrupt_locked():
+                return
+        _timer_thread(self._ic._tt).call_later(_INTERRUPT_RETRY, self._retry_interrupt)
+
+    def _fire(self) -> None:
+        retry = False
+        with self._lock:
+            if self._done or self._expired:
+                return
+            self._expired = True
+            # interrupted now, on the return from grpc (shielded), or by a retry
+            interrupted = self._inside or self._shielded
+            if self._inside:
+                retry = not self._interrupt_locked()
+        _abort_server_call(self._ctx, self._ic._details)
+        if retry:
+            _timer_thread(self._ic._tt).call_later(_INTERRUPT_RETRY, self._retry_interrupt)
+        self._report(interrupted=interrupted)
+
+
+grpc.ServicerContext.register(_DeadlineContext)
+
+
+class _ShieldedRequests:
+    """A request iterator whose ``next()`` is shielded from interrupts."""
+
+    __slots__ = ("_it", "_call")
+
+    def __init__(self, it: Any, call: _DeadlineContext) -> None:
+        assert isinstance(call, _InterruptibleContext)
+        self._it = it
+        self._call = call
+
+    def __iter__(self) -> _ShieldedRequests:
+        return self
+
+    def __next__(self) -> Any:
+        return self._call._shield(next, self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:
+            pass
+
+
+# -- client interceptors ----------------------------------------------------------------
+
+
+class DefaultTimeoutInterceptor(
+    _TimeoutRules,
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Client interceptor: a default timeout, and deadline propagation.
+
+    ``timeout`` (seconds, or None for propagation only) is given to every call
+    made without one; a call's explicit timeout is kept.  With
+    ``propagate=True`` (the default), a call made inside a handler served
+    through :class:`ServerDeadlineInterceptor` gets at most the handler's
+    remaining budget minus ``margin`` seconds -- even an explicit timeout is
+    capped, and when the budget is already spent the call fails at once
+    with ``DEADLINE_EXCEEDED`` without being sent (it gets a negative
+    timeout).  No timer is involved: grpc enforces the timeout.
+
+    Use with ``grpc.intercept_channel(channel, DefaultTimeoutInterceptor(5.0))``.
+    """
+
+
+class DeadlinePropagationInterceptor(DefaultTimeoutInterceptor):
+    """Client interceptor: deadline propagation only.
+
+    Same as ``DefaultTimeoutInterceptor(None, margin=margin)``: calls made
+    inside a handler get at most its remaining budget minus ``margin``; calls
+    made elsewhere are unchanged.
+    """
+
+    def __init__(self, margin: float = 0.0) -> None:
+        super().__init__(None, propagate=True, margin=margin)
+
+
+# -- server deadline enforcement ---------------------------------------------------------
+
+
+class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
+    """Server interceptor: enforce each call's budget.
+
+    The budget is the smaller of the client's deadline and ``max_time``
+    seconds from the handler's start (no timer when there is neither).  When
+    it runs out while the handler still runs:
+
+    * the client receives ``DEADLINE_EXCEEDED`` (with ``details``) at once;
+    * ``context.is_active()`` turns false and ``context.time_remaining()`` is 0
+      for the handler;
+    * ``on_deadline(DeadlineEvent)`` is called (on bucketimer's dispatcher
+      thread) and an INFO record is logged on ``bucketimer.grpc``;
+    * with ``interrupt=True``, :class:`DeadlineInterrupt` is raised
+      asynchronously in the handler thread (``PyThreadState_SetAsyncExc``)
+      so the pool thread is freed.  Limits: the exception is raised at the
+      next Python bytecode boundary, so it cannot interrupt a blocking C call
+      (``time.sleep(10)``, a socket read, a lock wait, a C extension's loop)
+      until that call returns; ``except BaseException`` in the handler can
+      swallow it; it may land inside any Python code the handler calls
+      (``finally`` blocks and ``with`` exits still run).  It never lands
+      outside the handler's own code.
+
+    Whatever the handler does after that, the call ends with
+    ``DEADLINE_EXCEEDED``.  Inside the handler, :func:`remaining` gives the
+    budget left and :class:`DefaultTimeoutInterceptor` clients propagate it.
+    A handler that finishes in time costs one timer schedule + cancel on
+    ``timer_thread`` (default: :func:`bucketimer.default_timer_thread`).
+    """
+
+    def __init__(self, max_time: float | None = None, *,
+                 on_deadline: Callable[[DeadlineEvent], object] | None = None,
+                 interrupt: bool = False, details: str = DEFAULT_DETAILS,
+                 timer_thread: bucketimer.TimerThread | None = None) -> None:
+        super().__init__(max_time, on_deadline=on_deadline, details=details, timer_thread=timer_thread)
+        self._interrupt = bool(interrupt)
+        self._context_class = _InterruptibleContext if self._interrupt else _DeadlineContext
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        return self._wrapped_handler(continuation(handler_call_details), handler_call_details.method)
+
+    def _begin(self, method: str, context: Any) -> _DeadlineContext | None:
+        """The call's context, with its timer armed; None without a budget."""
+        budget = _budget(context, self._max_time)
+        if budget is None:
+            return None
+        deadline, source, now = budget
+        call = self._context_class(context, self, method, deadline, source, now)
+        call._handle = _timer_thread(self._tt).call_at(deadline, call._fire)
+        return call
+
+    def _wrap(self, behavior: Callable[..., Any], method: str,
+              request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        begin = self._begin
+        interrupt = self._interrupt
+        shield_requests = request_streaming and interrupt
+
+        def deadline_unary(request: Any, context: Any) -> Any:
+            call = begin(method, context)
+            if call is None:  # no budget: nothing to enforce
+                token = _deadline_var.set(None)
+                try:
+                    return behavior(request, context)
+                finally:
+                    _deadline_var.reset(token)
+            if shield_requests:
+                request = _ShieldedRequests(request, call)
+            token = _deadline_var.set(call._deadline)
+            try:
+                result = call._step(behavior, request, call) if interrupt else behavior(request, call)
+            except BaseException as exc:
+                if not call._ends_expired(exc):
+                    raise
+            else:
+                if not call._finish():
+                    return result
+            finally:
+                _deadline_var.reset(token)
+            call._end_expired()
+
+        def deadline_stream(request: Any, context: Any) -> Iterator[Any]:
+            call = begin(method, context)
+            if call is None:  # no budget: nothing to enforce
+                yield from behavior(request, context)
+                return
+            if shield_requests:
+                request = _ShieldedRequests(request, call)
+            it: Any = None
+            try:
+                it = iter(call._run(behavior, request, call))
+                while not call._expired:
+                    item = call._run(next, it, _END)
+                    if item is _END or call._expired:  # produced after the budget ran out: dropped
+                        break
+                    yield item
+            except BaseException as exc:
+                if not call._ends_expired(exc):
+                    raise
+            else:
+                if not call._finish():
+                    return
+            _close(it)
+            call._end_expired()
+
+        return deadline_stream if response_streaming else deadline_unary
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(max_time={self._max_time!r}, "
+                f"interrupt={self._interrupt!r})")
+
+
+# -- slow calls ----------------------------------------------------------------------------
+
+
+def _thread_stack(ident: int, limit: int | None) -> str | None:
+    frame = sys._current_frames().get(ident)
+    if frame is None:
+        return None
+    return "".join(traceback.format_stack(frame, limit=limit))
+
+
+_EXC_CODES = ((DeadlineInterrupt, grpc.StatusCode.DEADLINE_EXCEEDED),)
+
+
+class _SlowCall(_SlowCallBase):
+    """Per-call state of :class:`SlowCallInterceptor` (sync); ``where`` is
+    the handler's thread while the handler's own code runs in it.
+
+    No lock: the end of the call cancels the timer, and only when that
+    cancel fails (the timer fired: the call passed its threshold) is the end
+    reported.  ``fire`` does nothing once ``done`` is set.
+    """
+
+    __slots__ = ()
+
+    def step(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, one piece of the handler's code, in this thread."""
+        self.where = _get_ident()
+        try:
+            return fn(*args)
+        finally:
+            self.where = None
+
+    def fire(self) -> None:
+        """Timer callback (dispatcher thread): the call passed the threshold."""
+        if self.done:
+            return
+        self.slow = True
+        ic = self.interceptor
+        ident = self.where
+        stack = _thread_stack(ident, ic._stack_limit) if ident and ic._stack else None
+        self._report(False, None, stack)
+
+    def finish_server(self, context: Any, exc: BaseException | None) -> None:
+        """The handler ended (``exc``: how, if it raised)."""
+        self.where = None
+        if self.done:
+            return
+        self.done = True
+        if not self.handle.cancel():  # the timer fired: a slow call
+            # a sync handler's set_code() survives its exception (grpc sends it)
+            self._report(True, _server_code(context, exc, set_code_wins=True, exc_codes=_EXC_CODES), None)
+
+    def finish_client(self, outcome: Any) -> None:
+        """The client call ended (``outcome``: grpc's call / future / error)."""
+        if self.done:
+            return
+        self.done = True
+        if not self.handle.cancel():
+            self._report(True, _code_of(outcome) if outcome is not None else grpc.StatusCode.UNKNOWN, None)
+
+
+def _iter_of(behavior: Callable[..., Any], request: Any, context: Any) -> Iterator[Any]:
+    return iter(behavior(request, context))
+
+
+class SlowCallInterceptor(
+    _SlowCallSettings,
+    grpc.ServerInterceptor,
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Client and server interceptor: report calls slower than ``threshold``.
+
+    When a call is still running ``threshold`` seconds after it started, a
+    record is logged on ``bucketimer.grpc`` (at ``level``, WARNING by default)
+    with the method and the elapsed time -- on a sync server also the handler
+    thread's current Python stack (``sys._current_frames``), while it is
+    still stuck.  When a slow call ends, a second record gives its total time
+    and status.  ``on_slow(SlowCall)`` receives the same facts (called on
+    bucketimer's dispatcher thread at the threshold, in the call's thread or
+    grpc's at the end).  A call that ends in time costs one timer schedule +
+    cancel and logs nothing.
+
+    Server: ``grpc.server(..., interceptors=[SlowCallInterceptor(1.0)])``;
+    client: ``grpc.intercept_channel(channel, SlowCallInterceptor(1.0))``.
+    With ``ServerDeadlineInterceptor(interrupt=True)``, list this one first
+    (outermost), so that its own bookkeeping is outside the interrupt window.
+    On the server, the time is the handler's (for a streaming response, until
+    its iterator is exhausted); on the client, until the call completes.
+    """
+
+    # -- server ------------------------------------------------------------------
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        return self._wrapped_handler(continuation(handler_call_details), handler_call_details.method)
+
+    def _wrap(self, behavior: Callable[..., Any], method: str,
+              request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        def slow_unary(request: Any, context: Any) -> Any:
+            call = _SlowCall(self, method, "server", _get_ident())
+            try:
+                result = behavior(request, context)
+            except BaseException as e:
+                call.finish_server(context, e)
+                raise
+            call.finish_server(context, None)
+            return result
+
+        def slow_stream(request: Any, context: Any) -> Iterator[Any]:
+            call = _SlowCall(self, method, "server")
+            exc: BaseException | None = None
+            try:
+                it = call.step(_iter_of, behavior, request, context)
+                while (item := call.step(next, it, _END)) is not _END:
+                    yield item
+            except GeneratorExit:  # grpc stopped iterating (the call ended)
+                raise
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                call.finish_server(context, exc)
+
+        return slow_stream if response_streaming else slow_unary
+
+    # -- client ------------------------------------------------------------------
+
+    def _client(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        call = _SlowCall(self, _method_name(client_call_details.method), "client")
+        try:
+            outcome = continuation(client_call_details, request)
+        except BaseException:
+            call.finish_client(None)
+            raise
+        add_done = getattr(outcome, "add_done_callback", None)
+        if add_done is None:
+            call.finish_client(outcome)
+        else:
+            add_done(call.finish_client)
+        return outcome
+
+    intercept_unary_unary = intercept_unary_stream = _client
+    intercept_stream_unary = intercept_stream_stream = _client
+
