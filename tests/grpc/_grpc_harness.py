@@ -1,0 +1,388 @@
+"""One harness for the sync and the aio gRPC interceptors: the tests of
+tests/grpc/ are written once and run against both backends.
+
+A backend starts real servers on 127.0.0.1 and calls them, in the four call
+shapes, with generic handlers on bytes (no protobuf).  The test body is the
+same for both: the aio backend runs its servers and clients on an event loop
+in a thread of its own, so ``invoke()`` blocks in either case.
+
+A handler's work is written once as ``async def work(request, context)``.
+The aio backend awaits it in the handler; the sync backend runs it to the
+end in one ``send()``: its waits (:func:`stuck_in_here`) block without
+suspending the coroutine, so the work's frames stay on the handler thread's
+stack (what the slow-call stack shows), and an asynchronous
+``DeadlineInterrupt`` lands inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import grpc.aio
+
+import bucketimer.grpc as btg
+import bucketimer.grpc.aio as bta
+
+SERVICE = "bt.Test"
+SHAPES = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
+LOGGER = "bucketimer.grpc"
+
+Work = Callable[[bytes, Any], Coroutine[Any, Any, bytes]]
+
+
+# -- waiting inside a handler, on either backend ------------------------------------------
+
+
+def busy_until(pred: Callable[[], bool], limit: float) -> float:
+    """A Python-level wait (short sleeps, so an async exception can land)."""
+    t0 = time.monotonic()
+    while not pred() and time.monotonic() - t0 < limit:
+        time.sleep(0.002)
+    return time.monotonic() - t0
+
+
+async def _until_async(pred: Callable[[], bool], limit: float) -> float:
+    t0 = time.monotonic()
+    while not pred() and time.monotonic() - t0 < limit:
+        await asyncio.sleep(0.002)
+    return time.monotonic() - t0
+
+
+def _blocking(pred: Callable[[], bool], limit: float) -> Generator[Any, None, float]:
+    return busy_until(pred, limit)
+    yield  # a generator that never yields: the wait blocks inside the await
+
+
+class _Wait:
+    def __init__(self, pred: Callable[[], bool], limit: float) -> None:
+        self.pred, self.limit = pred, limit
+
+    def __await__(self) -> Generator[Any, None, float]:
+        if asyncio._get_running_loop() is None:  # a sync handler's thread
+            return _blocking(self.pred, self.limit)
+        return _until_async(self.pred, self.limit).__await__()
+
+
+async def stuck_in_here(pred: Callable[[], bool], limit: float) -> float:
+    """Wait until ``pred()`` or ``limit`` seconds; the seconds waited.  A
+    recognisable frame for the stack in slow-call records."""
+    return await _Wait(pred, limit)
+
+
+def is_active(ctx: Any) -> bool:
+    """A sync context's ``is_active()``; an aio handler is cancelled instead."""
+    probe = getattr(ctx, "is_active", None)
+    return probe() if probe is not None else True
+
+
+def run_to_end(coro: Coroutine[Any, Any, Any]) -> Any:
+    """A work coroutine run in a sync handler: it never suspends."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise AssertionError("a work coroutine suspended in a sync handler")
+
+
+def stubborn(log: list[Any], stop: threading.Event, limit: float = 3.0) -> Any:
+    """A handler that keeps working past its budget: on the sync server it
+    watches ``is_active()``, on the aio server it is cancelled."""
+
+    async def work(req: bytes, ctx: Any) -> bytes:
+        t0 = time.monotonic()
+        log.append(("start", is_active(ctx), ctx.time_remaining(), btg.remaining()))
+        try:
+            waited = await stuck_in_here(lambda: stop.is_set() or not is_active(ctx), limit)
+        except asyncio.CancelledError:
+            log.append(("cancelled", time.monotonic() - t0))
+            raise
+        log.append(("inactive", is_active(ctx), waited, time.monotonic() - t0))
+        return b"late"
+
+    return work
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+class Result:
+    def __init__(self, responses: list[bytes], code: Any, details: str | None, elapsed: float) -> None:
+        self.responses, self.code, self.details, self.elapsed = responses, code, details, elapsed
+
+    def __repr__(self) -> str:
+        return f"Result({self.responses!r}, {self.code}, {self.details!r}, {self.elapsed:.3f}s)"
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 3.0) -> bool:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            return bool(pred())
+        time.sleep(0.001)
+    return True
+
+
+# -- the backends ---------------------------------------------------------------------------
+
+
+class Backend:
+    """What a test needs of one API: its module and servers, channels and calls."""
+
+    name = ""
+    mod: Any = None
+    #: (shape, method suffix): the four shapes, plus other ways to serve them
+    variants: list[tuple[str, str]] = [(s, s) for s in SHAPES]
+
+    def handler(self, shape: str, work: Work, *, writer: bool = False) -> Any:
+        raise NotImplementedError
+
+    def no_deadline(self, time_remaining: float | None) -> bool:
+        """Is this what a handler's ``time_remaining()`` says without a deadline?"""
+        raise NotImplementedError
+
+    async def invoke_from_handler(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
+                                  timeout: float | None = None, *, in_task: bool = False) -> Result:
+        """:meth:`invoke` from a handler's work (aio: in a task of its own
+        with ``in_task``, which copies the handler's context)."""
+        raise NotImplementedError
+
+    def all_shapes(self, name: str, work: Work) -> dict[str, Any]:
+        """A handler for every variant, ``{name}_{suffix}``."""
+        return {f"{name}_{suffix}": self.handler(shape, work, writer=suffix.endswith("_writer"))
+                for shape, suffix in self.variants}
+
+    def serve(self, handlers: dict[str, Any], interceptors: tuple[Any, ...] = ()) -> Any:
+        raise NotImplementedError
+
+    def channel(self, address: str, *interceptors: Any) -> Any:
+        raise NotImplementedError
+
+    def invoke(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
+               timeout: float | None = None) -> Result:
+        """Calls ``/SERVICE/method`` in ``shape``; never raises RpcError."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _stream_handler(shape: str, behavior: Any) -> Any:
+    make = {"unary_unary": grpc.unary_unary_rpc_method_handler,
+            "unary_stream": grpc.unary_stream_rpc_method_handler,
+            "stream_unary": grpc.stream_unary_rpc_method_handler,
+            "stream_stream": grpc.stream_stream_rpc_method_handler}[shape]
+    return make(behavior)
+
+
+class SyncBackend(Backend):
+    name = "sync"
+    mod = btg
+
+    def no_deadline(self, time_remaining: float | None) -> bool:
+        return time_remaining is not None and time_remaining > 1e6  # grpc's "no deadline"
+
+    async def invoke_from_handler(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
+                                  timeout: float | None = None, *, in_task: bool = False) -> Result:
+        return self.invoke(channel, shape, method, payload, timeout)
+
+    def handler(self, shape: str, work: Work, *, writer: bool = False) -> Any:
+        """Streaming responses first yield ``b"first"`` (so the client sees a
+        partial stream before any status); streaming requests are joined first."""
+        def call(req: bytes, ctx: Any) -> bytes:
+            return run_to_end(work(req, ctx))
+
+        if shape == "unary_unary":
+            return _stream_handler(shape, call)
+        if shape == "stream_unary":
+            return _stream_handler(shape, lambda it, ctx: call(b"".join(it), ctx))
+
+        def streamed(req: Any, ctx: Any) -> Iterator[bytes]:
+            data = b"".join(req) if shape == "stream_stream" else req
+            yield b"first"
+            yield call(data, ctx)
+        return _stream_handler(shape, streamed)
+
+    @contextlib.contextmanager
+    def serve(self, handlers: dict[str, Any], interceptors: tuple[Any, ...] = (),
+              pool: futures.ThreadPoolExecutor | None = None) -> Iterator[str]:
+        pool = pool or futures.ThreadPoolExecutor(max_workers=4)
+        server = grpc.server(pool, interceptors=list(interceptors))
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
+        port = server.add_insecure_port("127.0.0.1:0")
+        assert port
+        server.start()
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            # stop() waits forever when grpc's polling thread died: bound it.
+            stopper = threading.Thread(target=server.stop, args=(None,), daemon=True)
+            stopper.start()
+            stopper.join(10.0)
+            pool.shutdown(wait=False)
+            assert not stopper.is_alive(), "the grpc server did not stop"
+
+    @contextlib.contextmanager
+    def channel(self, address: str, *interceptors: Any) -> Iterator[Any]:
+        ch = grpc.insecure_channel(address)
+        try:
+            yield grpc.intercept_channel(ch, *interceptors) if interceptors else ch
+        finally:
+            ch.close()
+
+    def invoke(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
+               timeout: float | None = None) -> Result:
+        path = f"/{SERVICE}/{method}"
+        got: list[bytes] = []
+        t0 = time.monotonic()
+        try:
+            if shape == "unary_unary":
+                got.append(channel.unary_unary(path)(payload, timeout=timeout))
+            elif shape == "unary_stream":
+                for r in channel.unary_stream(path)(payload, timeout=timeout):
+                    got.append(r)
+            elif shape == "stream_unary":
+                got.append(channel.stream_unary(path)(iter([payload]), timeout=timeout))
+            else:
+                for r in channel.stream_stream(path)(iter([payload]), timeout=timeout):
+                    got.append(r)
+            code, details = grpc.StatusCode.OK, None
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details()
+        return Result(got, code, details, time.monotonic() - t0)
+
+
+class AioBackend(Backend):
+    """Servers and clients on an event loop in a thread of its own."""
+
+    name = "aio"
+    mod = bta
+    variants = [(s, s) for s in SHAPES] + [("unary_stream", "unary_stream_writer"),
+                                           ("stream_stream", "stream_stream_writer")]
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="grpc-aio-test", daemon=True)
+        self.thread.start()
+
+    def no_deadline(self, time_remaining: float | None) -> bool:
+        return time_remaining is None
+
+    async def invoke_from_handler(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
+                                  timeout: float | None = None, *, in_task: bool = False) -> Result:
+        call = self.invoke_async(channel, shape, method, payload, timeout)
+        return await (asyncio.create_task(call) if in_task else call)
+
+    def run(self, coro: Awaitable[Any], timeout: float = 20.0) -> Any:
+        async def bounded() -> Any:
+            return await asyncio.wait_for(coro, timeout)
+        return asyncio.run_coroutine_threadsafe(bounded(), self.loop).result(timeout + 5.0)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5.0)
+        self.loop.close()
+
+    def handler(self, shape: str, work: Work, *, writer: bool = False) -> Any:
+        """As the sync backend's; with ``writer=True`` streaming responses
+        use ``context.write()`` instead of an async generator."""
+        if shape == "unary_unary":
+            return _stream_handler(shape, work)
+        if shape == "stream_unary":
+            async def su(it: Any, ctx: Any) -> bytes:
+                return await work(b"".join([r async for r in it]), ctx)
+            return _stream_handler(shape, su)
+
+        async def request_of(req: Any) -> bytes:
+            return b"".join([r async for r in req]) if shape == "stream_stream" else req
+
+        if writer:
+            async def write_api(req: Any, ctx: Any) -> None:
+                data = await request_of(req)
+                await ctx.write(b"first")
+                await ctx.write(await work(data, ctx))
+            return _stream_handler(shape, write_api)
+
+        async def gen_api(req: Any, ctx: Any) -> AsyncIterator[bytes]:
+            data = await request_of(req)
+            yield b"first"
+            yield await work(data, ctx)
+        return _stream_handler(shape, gen_api)
+
+    @contextlib.contextmanager
+    def serve(self, handlers: dict[str, Any], interceptors: tuple[Any, ...] = ()) -> Iterator[str]:
+        async def start() -> tuple[Any, int]:
+            server = grpc.aio.server(interceptors=list(interceptors))
+            server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, handlers)])
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            return server, port
+
+        server, port = self.run(start())
+        assert port
+        try:
+            yield f"127.0.0.1:{port}"
+        finally:
+            self.run(server.stop(None))
+
+    @contextlib.contextmanager
+    def channel(self, address: str, *interceptors: Any) -> Iterator[Any]:
+        ics = bta.client_interceptors(*interceptors) if interceptors else None
+
+        async def open_channel() -> Any:
+            return grpc.aio.insecure_channel(address, interceptors=ics)
+
+        ch = self.run(open_channel())
+        try:
+            yield ch
+        finally:
+            self.run(ch.close())
+
+    def invoke(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
+               timeout: float | None = None) -> Result:
+        return self.run(self.invoke_async(channel, shape, method, payload, timeout))
+
+    async def invoke_async(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
+                           timeout: float | None = None) -> Result:
+        """:meth:`invoke` from inside the loop (a handler calling downstream)."""
+        path = f"/{SERVICE}/{method}"
+        got: list[bytes] = []
+
+        async def requests() -> AsyncIterator[bytes]:
+            yield payload
+
+        t0 = time.monotonic()
+        try:
+            if shape == "unary_unary":
+                got.append(await channel.unary_unary(path)(payload, timeout=timeout))
+            elif shape == "unary_stream":
+                async for r in channel.unary_stream(path)(payload, timeout=timeout):
+                    got.append(r)
+            elif shape == "stream_unary":
+                got.append(await channel.stream_unary(path)(requests(), timeout=timeout))
+            else:
+                async for r in channel.stream_stream(path)(requests(), timeout=timeout):
+                    got.append(r)
+            code, details = grpc.StatusCode.OK, None
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details()
+        return Result(got, code, details, time.monotonic() - t0)
+
+
+BACKENDS = ("sync", "aio")
+
+
+def variant_params() -> list[Any]:
+    """(backend, shape, method suffix) for every variant of each backend."""
+    import pytest
+
+    return [pytest.param(b, shape, suffix, id=f"{b}-{suffix}")
+            for b, cls in (("sync", SyncBackend), ("aio", AioBackend))
+            for shape, suffix in cls.variants]

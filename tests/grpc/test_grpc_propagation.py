@@ -1,0 +1,141 @@
+"""Deadline propagation: inside a handler served through
+ServerDeadlineInterceptor, ``remaining()`` is the budget left, and calls
+made through DefaultTimeoutInterceptor / DeadlinePropagationInterceptor get
+at most that budget less the margin, as a downstream server sees it.
+
+A server's ``time_remaining()`` can exceed the client's timeout by a few ms
+(grpc's wire encoding and clock conversions): upper bounds allow 20 ms.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+from _grpc_harness import SHAPES, Backend, stuck_in_here, wait_for  # noqa: E402
+
+import bucketimer.grpc as btg  # noqa: E402
+import bucketimer.grpc.aio as bta  # noqa: E402
+
+
+def _downstream(backend: Backend, seen: list[Any]) -> dict[str, Any]:
+    async def work(req: bytes, ctx: Any) -> bytes:
+        seen.append(ctx.time_remaining())
+        return req
+    return backend.all_shapes("Down", work)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_max_time_budget_propagates_downstream(backend: Backend, shape: str) -> None:
+    seen_down: list[Any] = []
+    seen_up: list[Any] = []
+    m = backend.mod
+    with backend.serve(_downstream(backend, seen_down)) as down_addr, \
+            backend.channel(down_addr, m.DefaultTimeoutInterceptor(30.0, margin=0.05)) as down:
+
+        async def work(req: bytes, ctx: Any) -> bytes:
+            seen_up.append(btg.remaining())
+            # aio: from a task the handler created, which inherits its budget
+            r = await backend.invoke_from_handler(down, shape, f"Down_{shape}", in_task=True)
+            assert r.code == grpc.StatusCode.OK, r
+            return r.responses[-1]
+
+        with backend.serve(backend.all_shapes("Up", work), (m.ServerDeadlineInterceptor(0.3),)) as up_addr, \
+                backend.channel(up_addr) as up:
+            r = backend.invoke(up, "unary_unary", "Up_unary_unary", timeout=10.0)
+    assert r.code == grpc.StatusCode.OK, r
+    assert 0.0 < seen_up[0] <= 0.3
+    # downstream got the upstream's remaining budget minus the margin, not 30 s
+    assert seen_down[0] is not None and 0.0 < seen_down[0] <= 0.3 - 0.05 + 0.02  # the upper bound is the point
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_client_deadline_propagates_downstream(backend: Backend, shape: str) -> None:
+    seen_down: list[Any] = []
+    m = backend.mod
+    with backend.serve(_downstream(backend, seen_down)) as down_addr, \
+            backend.channel(down_addr, m.DeadlinePropagationInterceptor(margin=0.02)) as down:
+
+        async def work(req: bytes, ctx: Any) -> bytes:
+            r = await backend.invoke_from_handler(down, "unary_unary", "Down_unary_unary", timeout=20.0)
+            return r.responses[-1]
+
+        with backend.serve(backend.all_shapes("Up", work), (m.ServerDeadlineInterceptor(),)) as up_addr, \
+                backend.channel(up_addr) as up:
+            r = backend.invoke(up, shape, f"Up_{shape}", timeout=0.25)
+    assert r.code == grpc.StatusCode.OK, r
+    # an explicit downstream timeout (20 s) is capped by the budget (less
+    # the margin) too; how much of the 0.25 s is left depends on how long
+    # the upstream call took to reach its handler (~170 ms once under ASan)
+    assert seen_down[0] is not None and 0.0 < seen_down[0] <= 0.25 - 0.02 + 0.02
+
+
+def test_spent_budget_fails_downstream_call_at_once(backend: Backend, stop: threading.Event) -> None:
+    seen_down: list[Any] = []
+    outcome: list[Any] = []
+    m = backend.mod
+    with backend.serve(_downstream(backend, seen_down)) as down_addr, \
+            backend.channel(down_addr, m.DefaultTimeoutInterceptor(30.0, margin=0.05)) as down:
+
+        async def work(req: bytes, ctx: Any) -> bytes:
+            await stuck_in_here(stop.is_set, 0.08)  # spend the budget but the margin
+            outcome.append(await backend.invoke_from_handler(down, "unary_unary", "Down_unary_unary"))
+            return b""
+
+        with backend.serve(backend.all_shapes("Up", work), (m.ServerDeadlineInterceptor(0.1),)) as up_addr, \
+                backend.channel(up_addr) as up:
+            backend.invoke(up, "unary_unary", "Up_unary_unary")
+            assert wait_for(lambda: bool(outcome))
+    (down_result,) = outcome
+    assert down_result.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert down_result.elapsed < 0.05
+    assert seen_down == []  # never reached the downstream handler
+
+
+def test_outside_a_handler_propagation_changes_nothing(backend: Backend) -> None:
+    seen_down: list[Any] = []
+    m = backend.mod
+    assert btg.remaining() is None
+    with backend.serve(_downstream(backend, seen_down)) as addr:
+        with backend.channel(addr, m.DefaultTimeoutInterceptor(0.5)) as ch:
+            assert backend.invoke(ch, "unary_unary", "Down_unary_unary").code == grpc.StatusCode.OK
+        with backend.channel(addr, m.DeadlinePropagationInterceptor()) as ch:
+            assert backend.invoke(ch, "unary_unary", "Down_unary_unary").code == grpc.StatusCode.OK
+    assert 0.25 < seen_down[0] <= 0.52  # the 0.5 s default, less the time in transit
+    assert backend.no_deadline(seen_down[1]), seen_down
+
+
+def test_propagation_can_be_turned_off(backend: Backend) -> None:
+    seen_down: list[Any] = []
+    m = backend.mod
+    with backend.serve(_downstream(backend, seen_down)) as down_addr, \
+            backend.channel(down_addr, m.DefaultTimeoutInterceptor(2.0, propagate=False)) as down:
+
+        async def work(req: bytes, ctx: Any) -> bytes:
+            return (await backend.invoke_from_handler(down, "unary_unary", "Down_unary_unary")).responses[-1]
+
+        with backend.serve(backend.all_shapes("Up", work), (m.ServerDeadlineInterceptor(0.3),)) as up_addr, \
+                backend.channel(up_addr) as up:
+            assert backend.invoke(up, "unary_unary", "Up_unary_unary").code == grpc.StatusCode.OK
+    assert 1.5 < seen_down[0] <= 2.02
+
+
+def test_sync_and_aio_propagation_share_the_budget(backend: Backend) -> None:
+    # one budget, read through either module's remaining() in either kind of handler
+    seen: list[Any] = []
+
+    async def work(req: bytes, ctx: Any) -> bytes:
+        seen.append((btg.remaining(), bta.remaining(), btg.current_deadline()))
+        return req
+
+    with backend.serve(backend.all_shapes("Up", work), (backend.mod.ServerDeadlineInterceptor(0.5),)) as addr, \
+            backend.channel(addr) as ch:
+        assert backend.invoke(ch, "unary_unary", "Up_unary_unary").code == grpc.StatusCode.OK
+    rem_sync, rem_aio, deadline = seen[0]
+    assert 0.3 < rem_sync <= 0.5 and 0.3 < rem_aio <= 0.5
+    assert deadline is not None and deadline > time.monotonic() - 1.0
