@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import bucketimer
 
@@ -31,6 +31,7 @@ __all__ = ["DeadlineEvent", "SlowCall", "current_deadline", "remaining"]
 logger = logging.getLogger("bucketimer.grpc")
 
 _monotonic = time.monotonic
+_new = object.__new__
 
 # Above this, a server's time_remaining() means "no deadline" (sync grpc
 # reports ~9.2e18 s for a call without one).
@@ -90,21 +91,6 @@ def _propagated_timeout(timeout: float | None, margin: float) -> float | None:
     return timeout
 
 
-def _budget(context: Any, max_time: float | None) -> tuple[float, str, float] | None:
-    """A call's budget: (deadline, "client" or "max_time", now), the
-    smaller of the client's deadline and ``max_time`` from now; None when
-    there is neither."""
-    now = _monotonic()
-    rem = context.time_remaining()
-    if rem is None or rem >= _NO_DEADLINE:
-        if max_time is None:
-            return None
-        return now + max_time, "max_time", now
-    if max_time is not None and max_time < rem:
-        return now + max_time, "max_time", now
-    return now + (rem if rem > 0.0 else 0.0), "client", now
-
-
 # -- small helpers -----------------------------------------------------------------
 
 
@@ -115,12 +101,12 @@ def _check_seconds(name: str, value: Any, *, allow_none: bool, allow_zero: bool 
         raise TypeError(f"{name} must be a number of seconds, not None")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value):
+    seconds = float(value)
+    if math.isnan(seconds):
         raise ValueError(f"{name} must not be NaN")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
-    return value
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {seconds!r}")
+    return seconds
 
 
 def _check_hook(name: str, hook: Any) -> Any:
@@ -133,10 +119,6 @@ def _method_name(method: Any) -> str:
     if isinstance(method, bytes):
         return method.decode("utf-8", "replace")
     return str(method)
-
-
-def _timer_thread(tt: bucketimer.TimerThread | None) -> bucketimer.TimerThread:
-    return tt if tt is not None else bucketimer.default_timer_thread()
 
 
 def _safe_hook(hook: Callable[[Any], object], arg: Any, what: str) -> None:
@@ -319,21 +301,59 @@ class _DeadlineCall(_ContextProxy):
     the context its handler sees, with ``time_remaining()`` counted against
     the budget and ``code()`` ``DEADLINE_EXCEEDED`` once the budget ran out
     (if the handler set none).  ``_expired``: the timer fired; ``_done``: the
-    handler ended."""
+    handler ended; ``_task``: the aio handler's task."""
 
-    __slots__ = ("_ic", "_method", "_deadline", "_source", "_start", "_expired", "_done", "_handle")
+    __slots__ = ("_ic", "_method", "_deadline", "_source", "_start", "_expired", "_done",
+                 "_handle", "_task")
+    _ctx: Any
+    _ic: _DeadlineSettings
+    _method: str
+    _deadline: float
+    _source: str
+    _start: float
+    _expired: bool
+    _done: bool
+    _handle: bucketimer.Handle
+    _task: Any
 
-    def __init__(self, ctx: Any, ic: _DeadlineSettings, method: str,
-                 deadline: float, source: str, start: float) -> None:
-        self._ctx = ctx
-        self._ic = ic
-        self._method = method
-        self._deadline = deadline
-        self._source = source
-        self._start = start
-        self._expired = False
-        self._done = False
-        self._handle: Any = None
+    @classmethod
+    def _begin(cls, ctx: Any, ic: _DeadlineSettings, method: str, task: Any = None) -> Self | None:
+        """The call's budget (the smaller of the client's deadline and
+        ``max_time`` from now) and its timer armed; None when it has neither.
+        The constructor: one call per RPC, so no ``__init__`` frame."""
+        now = _monotonic()
+        rem = ctx.time_remaining()
+        max_time = ic._max_time
+        if rem is None or rem >= _NO_DEADLINE:
+            if max_time is None:
+                return None
+            deadline, source = now + max_time, "max_time"
+        elif max_time is not None and max_time < rem:
+            deadline, source = now + max_time, "max_time"
+        else:
+            deadline, source = now + (rem if rem > 0.0 else 0.0), "client"
+        call = _new(cls)
+        call._ctx = ctx
+        call._ic = ic
+        call._method = method
+        call._deadline = deadline
+        call._source = source
+        call._start = now
+        call._task = task
+        call._expired = call._done = False
+        if cls._setup is not None:
+            cls._setup(call)
+        tt = ic._live_tt
+        if tt is None or tt.closed:
+            tt = ic._timers()
+        call._handle = tt.call_at(deadline, call._fire)
+        return call
+
+    #: ``_setup(call)``: what a subclass adds to a new call, before its timer is armed
+    _setup: Callable[[Any], None] | None = None
+
+    def _fire(self) -> None:
+        raise NotImplementedError
 
     def time_remaining(self) -> float:
         r = self._deadline - _monotonic()
@@ -405,8 +425,17 @@ class _ServerWrapper:
 
     _limit = 1024
 
-    def __init__(self) -> None:
+    def __init__(self, timer_thread: bucketimer.TimerThread | None) -> None:
         self._wrapped: dict[Any, tuple[Any, Any]] = {}
+        self._tt = timer_thread
+        #: the TimerThread timers go to: ``_tt``, or the default one, found
+        #: again by ``_timers()`` when it is closed (after fork() too)
+        self._live_tt: bucketimer.TimerThread | None = None
+
+    def _timers(self) -> bucketimer.TimerThread:
+        tt = self._tt if self._tt is not None else bucketimer.default_timer_thread()
+        self._live_tt = tt
+        return tt
 
     def _wrapped_handler(self, handler: Any, method: Any) -> Any:
         """``handler`` (of ``method``) with its behaviour wrapped; None stays None."""
@@ -450,7 +479,7 @@ class _TimeoutRules:
 
     def __init__(self, timeout: float | None, *, propagate: bool = True, margin: float = 0.0) -> None:
         self._timeout = _check_seconds("timeout", timeout, allow_none=True)
-        self._margin = _check_seconds("margin", margin, allow_none=False, allow_zero=True)
+        self._margin: float = _check_seconds("margin", margin, allow_none=False, allow_zero=True) or 0.0
         self._propagate = bool(propagate)
 
     @property
@@ -482,11 +511,10 @@ class _DeadlineSettings(_ServerWrapper):
                  on_deadline: Callable[[DeadlineEvent], object] | None = None,
                  details: str = DEFAULT_DETAILS,
                  timer_thread: bucketimer.TimerThread | None = None) -> None:
-        super().__init__()
+        super().__init__(timer_thread)
         self._max_time = _check_seconds("max_time", max_time, allow_none=True)
         self._on_deadline = _check_hook("on_deadline", on_deadline)
         self._details = str(details)
-        self._tt = timer_thread
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_time={self._max_time!r})"
@@ -500,23 +528,27 @@ class _SlowCallSettings(_ServerWrapper):
                  level: int = logging.WARNING, stack: bool = True,
                  stack_limit: int | None = 30,
                  timer_thread: bucketimer.TimerThread | None = None) -> None:
-        super().__init__()
-        self._threshold = _check_seconds("threshold", threshold, allow_none=False, allow_zero=True)
+        super().__init__(timer_thread)
+        seconds = _check_seconds("threshold", threshold, allow_none=False, allow_zero=True)
+        assert seconds is not None
+        self._threshold = seconds
         self._on_slow = _check_hook("on_slow", on_slow)
         self._level = int(level)
         self._stack = bool(stack)
         self._stack_limit = stack_limit
-        self._tt = timer_thread
 
     @property
     def threshold(self) -> float:
-        assert self._threshold is not None
         return self._threshold
 
     def _report(self, info: SlowCall) -> None:
         _log_slow(self._level, info)
         if self._on_slow is not None:
             _safe_hook(self._on_slow, info, "on_slow")
+
+    def _report_server(self, method: str, start: float, finished: bool,
+                       code: grpc.StatusCode | None, stack: str | None) -> None:
+        self._report(SlowCall(method, "server", _monotonic() - start, finished, code, stack))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(threshold={self._threshold!r})"
@@ -537,10 +569,10 @@ class _SlowCallBase:
         self.slow = False
         self.done = False
         self.start = start = _monotonic()
-        tt = interceptor._tt
-        if tt is None:
-            tt = bucketimer.default_timer_thread()
-        self.handle = tt.call_at(start + interceptor._threshold, self.fire)  # type: ignore[operator]
+        tt = interceptor._live_tt
+        if tt is None or tt.closed:
+            tt = interceptor._timers()
+        self.handle = tt.call_at(start + interceptor._threshold, self.fire)
 
     def fire(self) -> None:
         raise NotImplementedError

@@ -30,17 +30,16 @@ from ._common import (
     DEFAULT_DETAILS,
     DeadlineEvent,
     _as_status,
-    _budget,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
     _method_name,
     _monotonic,
     _server_code,
+    _ServerWrapper,
     _SlowCallBase,
     _SlowCallSettings,
     _TimeoutRules,
-    _timer_thread,
 )
 
 __all__ = [
@@ -54,6 +53,7 @@ __all__ += _common.__all__
 
 _AbortError: Any = grpc.aio.AbortError
 _CancelledError = asyncio.CancelledError
+_current_task = asyncio.current_task
 
 # grpc cancels an aio handler task itself when the client's deadline passes
 # (by its own clock, a few ms apart from ours): a cancellation that close to a
@@ -77,6 +77,16 @@ async def _write_all(behavior: Callable[..., Any], request: Any, handler_context
             await context.write(message)
     finally:
         await responses.aclose()
+
+
+async def _intercept_service(self: _ServerWrapper, continuation: Any, handler_call_details: Any) -> Any:
+    """``intercept_service`` of both server interceptors: the handler grpc
+    found, with its behaviour wrapped (per call: one dict lookup)."""
+    handler = await continuation(handler_call_details)
+    entry = self._wrapped.get(handler_call_details.method)
+    if entry is not None and entry[0] is handler:
+        return entry[1]
+    return self._wrapped_handler(handler, handler_call_details.method)
 
 
 # -- client --------------------------------------------------------------------------
@@ -236,28 +246,18 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
                  timer_thread: bucketimer.TimerThread | None = None) -> None:
         super().__init__(max_time, on_deadline=on_deadline, details=details, timer_thread=timer_thread)
 
-    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        return self._wrapped_handler(await continuation(handler_call_details), handler_call_details.method)
-
-    def _begin(self, method: str, context: Any) -> _AioDeadlineContext | None:
-        budget = _budget(context, self._max_time)
-        if budget is None:
-            return None
-        deadline, source, now = budget
-        call = _AioDeadlineContext(context, self, method, deadline, source, now)
-        call._task = asyncio.current_task()
-        call._handle = _timer_thread(self._tt).call_at(deadline, call._fire)
-        return call
+    intercept_service = _intercept_service
 
     def _wrap(self, behavior: Callable[..., Any], method: str,
               request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
         if not _is_async(behavior):
             return behavior
         is_gen = inspect.isasyncgenfunction(behavior)
-        begin = self._begin
+        ic = self
+        begin = _AioDeadlineContext._begin
 
         async def deadline_handler(request: Any, context: Any) -> Any:
-            call = begin(method, context)
+            call = begin(context, ic, method, _current_task())
             if call is None:  # no budget: nothing to enforce
                 if not is_gen:
                     return await behavior(request, context)
@@ -372,40 +372,71 @@ class SlowCallInterceptor(
 
     # -- server ------------------------------------------------------------------
 
-    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        return self._wrapped_handler(await continuation(handler_call_details), handler_call_details.method)
+    intercept_service = _intercept_service
 
     def _wrap(self, behavior: Callable[..., Any], method: str,
               request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
         if not _is_async(behavior):
             return behavior
+        ic = self
+        threshold = self._threshold
+
+        def fire(start: float, handler: Any) -> None:
+            """Timer callback (in the loop): the call started at ``start``,
+            whose handler is the coroutine or async generator ``handler``,
+            passed the threshold (it still runs: its end cancels this)."""
+            stack = _await_stack(handler, ic._stack_limit) if ic._stack else None
+            ic._report_server(method, start, False, None, stack)
+
+        def arm(handler: Any) -> tuple[Any, float]:
+            tt = ic._live_tt
+            if tt is None or tt.closed:
+                tt = ic._timers()
+            start = _monotonic()
+            return tt.call_at(start + threshold, fire, start, handler), start
+
+        def ended(handle: Any, start: float, context: Any, exc: BaseException | None) -> None:
+            # a failed cancel: the timer fired (or its TimerThread was closed)
+            if not handle.cancel() and not ic._live_tt.closed:  # type: ignore[union-attr]
+                ic._report_server(method, start, True, _aio_server_code(context, exc), None)
+
+
         if inspect.isasyncgenfunction(behavior):
             async def slow_gen(request: Any, context: Any) -> AsyncIterator[Any]:
-                call = _AioSlowCall(self, method, "server")
+                responses = behavior(request, context)
+                handle, start = arm(responses)
                 exc: BaseException | None = None
                 try:
-                    call.where = responses = behavior(request, context)
                     async for message in responses:
                         yield message
                 except BaseException as e:
                     exc = None if isinstance(e, GeneratorExit) else e
                     raise
                 finally:
-                    call.finish(_aio_server_code(context, exc) if call.slow else None)
+                    ended(handle, start, context, exc)
 
             return slow_gen
 
         async def slow_coro(request: Any, context: Any) -> Any:
-            call = _AioSlowCall(self, method, "server")
-            exc: BaseException | None = None
+            # arm() and ended(), inline: once per RPC
+            tt = ic._live_tt
+            if tt is None or tt.closed:
+                tt = ic._timers()
+            coro = behavior(request, context)
+            start = _monotonic()
             try:
-                call.where = coro = behavior(request, context)
-                return await coro
-            except BaseException as e:
-                exc = e
+                handle = tt.call_at(start + threshold, fire, start, coro)
+            except BaseException:
+                coro.close()  # never awaited
                 raise
-            finally:
-                call.finish(_aio_server_code(context, exc) if call.slow else None)
+            try:
+                result = await coro
+            except BaseException as exc:
+                ended(handle, start, context, exc)
+                raise
+            if not handle.cancel():
+                ended(handle, start, context, None)
+            return result
 
         return slow_coro
 

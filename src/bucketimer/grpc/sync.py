@@ -23,17 +23,17 @@ from ._common import *  # noqa: F403 - the names both backends export
 from ._common import (
     DEFAULT_DETAILS,
     DeadlineEvent,
-    _budget,
     _code_of,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
     _method_name,
+    _monotonic,
     _server_code,
+    _ServerWrapper,
     _SlowCallBase,
     _SlowCallSettings,
     _TimeoutRules,
-    _timer_thread,
     logger,
 )
 
@@ -195,15 +195,19 @@ class _InterruptibleContext(_DeadlineContext):
     """
 
     __slots__ = ("_lock", "_ident", "_inside", "_shielded", "_interrupted")
+    _lock: threading.Lock
+    _ident: int
+    _inside: bool
+    _shielded: bool
+    _interrupted: bool
 
-    def __init__(self, ctx: Any, ic: ServerDeadlineInterceptor, method: str,
-                 deadline: float, source: str, start: float) -> None:
-        super().__init__(ctx, ic, method, deadline, source, start)
-        self._lock = threading.Lock()
-        self._ident = 0
-        self._inside = False
-        self._shielded = False
-        self._interrupted = False
+    @staticmethod
+    def _setup(call: _InterruptibleContext) -> None:
+        call._lock = threading.Lock()
+        call._ident = 0
+        call._inside = False
+        call._shielded = False
+        call._interrupted = False
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         token = _deadline_var.set(self._deadline)
@@ -291,7 +295,7 @@ class _InterruptibleContext(_DeadlineContext):
         with self._lock:
             if self._done or self._interrupt_locked():
                 return
-        _timer_thread(self._ic._tt).call_later(_INTERRUPT_RETRY, self._retry_interrupt)
+        self._ic._timers().call_later(_INTERRUPT_RETRY, self._retry_interrupt)
 
     def _fire(self) -> None:
         retry = False
@@ -305,7 +309,7 @@ class _InterruptibleContext(_DeadlineContext):
                 retry = not self._interrupt_locked()
         _abort_server_call(self._ctx, self._ic._details)
         if retry:
-            _timer_thread(self._ic._tt).call_later(_INTERRUPT_RETRY, self._retry_interrupt)
+            self._ic._timers().call_later(_INTERRUPT_RETRY, self._retry_interrupt)
         self._report(interrupted=interrupted)
 
 
@@ -378,6 +382,16 @@ class DeadlinePropagationInterceptor(DefaultTimeoutInterceptor):
         super().__init__(None, propagate=True, margin=margin)
 
 
+def _intercept_service(self: _ServerWrapper, continuation: Any, handler_call_details: Any) -> Any:
+    """``intercept_service`` of both server interceptors: the handler grpc
+    found, with its behaviour wrapped (per call: one dict lookup)."""
+    handler = continuation(handler_call_details)
+    entry = self._wrapped.get(handler_call_details.method)
+    if entry is not None and entry[0] is handler:
+        return entry[1]
+    return self._wrapped_handler(handler, handler_call_details.method)
+
+
 # -- server deadline enforcement ---------------------------------------------------------
 
 
@@ -418,27 +432,17 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
         self._interrupt = bool(interrupt)
         self._context_class = _InterruptibleContext if self._interrupt else _DeadlineContext
 
-    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        return self._wrapped_handler(continuation(handler_call_details), handler_call_details.method)
-
-    def _begin(self, method: str, context: Any) -> _DeadlineContext | None:
-        """The call's context, with its timer armed; None without a budget."""
-        budget = _budget(context, self._max_time)
-        if budget is None:
-            return None
-        deadline, source, now = budget
-        call = self._context_class(context, self, method, deadline, source, now)
-        call._handle = _timer_thread(self._tt).call_at(deadline, call._fire)
-        return call
+    intercept_service = _intercept_service
 
     def _wrap(self, behavior: Callable[..., Any], method: str,
               request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
-        begin = self._begin
+        ic = self
+        begin = self._context_class._begin
         interrupt = self._interrupt
         shield_requests = request_streaming and interrupt
 
         def deadline_unary(request: Any, context: Any) -> Any:
-            call = begin(method, context)
+            call = begin(context, ic, method)
             if call is None:  # no budget: nothing to enforce
                 token = _deadline_var.set(None)
                 try:
@@ -454,14 +458,19 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
                 if not call._ends_expired(exc):
                     raise
             else:
-                if not call._finish():
+                if interrupt:
+                    expired = call._finish()
+                else:  # _DeadlineContext._finish(), inline: once per RPC
+                    call._done = True
+                    expired = not call._handle.cancel()
+                if not expired:
                     return result
             finally:
                 _deadline_var.reset(token)
             call._end_expired()
 
         def deadline_stream(request: Any, context: Any) -> Iterator[Any]:
-            call = begin(method, context)
+            call = begin(context, ic, method)
             if call is None:  # no budget: nothing to enforce
                 yield from behavior(request, context)
                 return
@@ -504,6 +513,12 @@ def _thread_stack(ident: int, limit: int | None) -> str | None:
 _EXC_CODES = ((DeadlineInterrupt, grpc.StatusCode.DEADLINE_EXCEEDED),)
 
 
+def _code_after(context: Any, exc: BaseException | None) -> grpc.StatusCode | None:
+    """The status of a sync server call whose handler ended (``exc``: how)."""
+    # a sync handler's set_code() survives its exception (grpc sends it)
+    return _server_code(context, exc, set_code_wins=True, exc_codes=_EXC_CODES)
+
+
 class _SlowCall(_SlowCallBase):
     """Per-call state of :class:`SlowCallInterceptor` (sync); ``where`` is
     the handler's thread while the handler's own code runs in it.
@@ -540,8 +555,7 @@ class _SlowCall(_SlowCallBase):
             return
         self.done = True
         if not self.handle.cancel():  # the timer fired: a slow call
-            # a sync handler's set_code() survives its exception (grpc sends it)
-            self._report(True, _server_code(context, exc, set_code_wins=True, exc_codes=_EXC_CODES), None)
+            self._report(True, _code_after(context, exc), None)
 
     def finish_client(self, outcome: Any) -> None:
         """The client call ended (``outcome``: grpc's call / future / error)."""
@@ -586,20 +600,43 @@ class SlowCallInterceptor(
 
     # -- server ------------------------------------------------------------------
 
-    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        return self._wrapped_handler(continuation(handler_call_details), handler_call_details.method)
+    intercept_service = _intercept_service
 
     def _wrap(self, behavior: Callable[..., Any], method: str,
               request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        ic = self
+        threshold = self._threshold
+
         def slow_unary(request: Any, context: Any) -> Any:
-            call = _SlowCall(self, method, "server", _get_ident())
+            # No per-call object: the timer's arguments are all that a slow
+            # call needs; fire() finds this frame by its ``start``.
+            tt = ic._live_tt
+            if tt is None or tt.closed:
+                tt = ic._timers()
+            start = _monotonic()
+            handle = tt.call_at(start + threshold, fire, start, _get_ident())
             try:
                 result = behavior(request, context)
-            except BaseException as e:
-                call.finish_server(context, e)
+            except BaseException as exc:
+                if not handle.cancel():  # the timer fired: a slow call
+                    ic._report_server(method, start, True, _code_after(context, exc), None)
                 raise
-            call.finish_server(context, None)
+            if not handle.cancel():
+                ic._report_server(method, start, True, _code_after(context, None), None)
             return result
+
+        def fire(start: float, ident: int) -> None:
+            """Timer callback (dispatcher thread): the call started at
+            ``start`` in thread ``ident`` passed the threshold, if it is
+            still in ``slow_unary``."""
+            frame = sys._current_frames().get(ident)
+            f = frame
+            while f is not None and not (f.f_code is slow_unary.__code__ and f.f_locals.get("start") is start):
+                f = f.f_back
+            if f is None:  # it ended meanwhile: its end reports it
+                return
+            stack = "".join(traceback.format_stack(frame, limit=ic._stack_limit)) if ic._stack else None
+            ic._report_server(method, start, False, None, stack)
 
         def slow_stream(request: Any, context: Any) -> Iterator[Any]:
             call = _SlowCall(self, method, "server")
