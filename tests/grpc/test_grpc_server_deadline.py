@@ -198,3 +198,26 @@ def test_plain_function_handlers_on_an_aio_server_are_left_alone(backend: Backen
             backend.channel(addr) as ch:
         r = backend.invoke(ch, "unary_unary", "Sync", payload=b"plain")
     assert r.code == grpc.StatusCode.OK and r.responses == [b"plain"]
+
+
+def test_a_closed_default_timer_thread_is_replaced(backend: Backend) -> None:
+    # The interceptors keep the TimerThread they use; when the default one is
+    # closed (as after fork()), the next call finds the new default.
+    seen: list[Any] = []
+
+    async def work(req: bytes, ctx: Any) -> bytes:
+        seen.append(btg.remaining())
+        return req
+
+    m = backend.mod
+    ics = (m.SlowCallInterceptor(5.0), m.ServerDeadlineInterceptor(5.0))
+    with backend.serve(backend.all_shapes("Echo", work), ics) as addr, backend.channel(addr) as ch:
+        assert backend.invoke(ch, "unary_unary", "Echo_unary_unary").code == grpc.StatusCode.OK
+        old = bucketimer.default_timer_thread()
+        old.close()
+        r = backend.invoke(ch, "unary_unary", "Echo_unary_unary")
+        new = bucketimer.default_timer_thread()
+    assert r.code == grpc.StatusCode.OK, r
+    assert new is not old and not new.closed
+    assert new.stats()["scheduled"] >= 2 and new.stats()["cancelled"] >= 2  # both interceptors' timers
+    assert len(seen) == 2 and all(4.0 < rem <= 5.0 for rem in seen)

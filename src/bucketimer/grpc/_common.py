@@ -414,12 +414,14 @@ def _replace_behavior(handler: Any, kind: str, wrapped: Callable[..., Any]) -> A
 
 class _ServerWrapper:
     """A server interceptor that wraps each method's behaviour: ``_wrap``
-    makes the wrapper for one method, ``_cache.get`` finds it again.
+    makes the wrapper for one method; ``intercept_service`` finds it again
+    in ``_wrapped`` (method -> (grpc's handler, the wrapped one)), and
+    ``_wrapped_handler`` makes the entry on a miss.
 
     Generic handlers return the same handler object for every call of a
     method, so the wrapping (new closures, a new RpcMethodHandler) is done
     once per method, not per call.  An entry is used only for the very handler
-    object it was made from; the cache is cleared when it holds ``limit``
+    object it was made from; the cache is cleared when it holds ``_limit``
     methods.
     """
 

@@ -3,11 +3,8 @@ cancelling the handler task and aborting the call with ``DEADLINE_EXCEEDED``
 (never a raw ``CancelledError``, which leaves the client waiting:
 grpc/grpc#29248), reporting slow calls with the handler's await stack,
 default client timeouts with propagation, and :func:`client_interceptors`
-to register multi-shape client interceptors (docs/grpc.rst, "grpc.aio").
-
-Timers are scheduled from the event loop's thread, so they fire in that loop;
-a call that ends in time costs one schedule + cancel.  :func:`remaining`
-works inside aio handlers (per task).
+to register multi-shape client interceptors; timers are armed from the
+loop's thread and fire in that loop (docs/grpc.rst, "grpc.aio").
 """
 
 from __future__ import annotations
