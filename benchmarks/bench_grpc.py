@@ -144,30 +144,64 @@ class _AioWrappingInterceptor(grpc.aio.ServerInterceptor):
 
 #: (sync module, aio module) of another tree's interceptors (``--against``)
 AGAINST: tuple[Any, Any] | None = None
+#: the servers that split deadline+slow into its parts (``--parts``)
+PARTS = False
+
+
+class _StandInHandle:
+    __slots__ = ()
+
+    def cancel(self) -> bool:
+        return True
+
+
+class _StandInTimerThread:
+    """A ``timer_thread=`` whose timers are never armed: what the interceptors
+    cost without their timers."""
+
+    closed = False
+    _handle = _StandInHandle()
+
+    def call_at(self, when: float, callback: Any, *args: Any) -> _StandInHandle:
+        return self._handle
+
+
+def _parts(mod: Any, noop: Callable[[], Any]) -> list[tuple[str, list[Any]]]:
+    if not PARTS:
+        return []
+    stand_in = _StandInTimerThread()
+    return [("slow + no-op", [mod.SlowCallInterceptor(SLOW_THRESHOLD), noop()]),
+            ("no-op + deadline", [noop(), mod.ServerDeadlineInterceptor(MAX_TIME)]),
+            ("no timers", [mod.SlowCallInterceptor(SLOW_THRESHOLD, timer_thread=stand_in),
+                           mod.ServerDeadlineInterceptor(MAX_TIME, timer_thread=stand_in)])]
 
 
 def _sync_contenders() -> list[tuple[str, list[Any]]]:
-    out = [("plain", []),
-           ("2 no-op", [_NoopInterceptor(), _NoopInterceptor()]),
-           ("2 wrappers", [_WrappingInterceptor(), _WrappingInterceptor()]),
-           ("deadline+slow", [btg.SlowCallInterceptor(SLOW_THRESHOLD),
-                              btg.ServerDeadlineInterceptor(MAX_TIME)])]
+    out: list[tuple[str, list[Any]]] = [
+        ("plain", []),
+        ("2 no-op", [_NoopInterceptor(), _NoopInterceptor()]),
+        ("2 wrappers", [_WrappingInterceptor(), _WrappingInterceptor()]),
+        ("deadline+slow", [btg.SlowCallInterceptor(SLOW_THRESHOLD),
+                           btg.ServerDeadlineInterceptor(MAX_TIME)]),
+    ]
     if AGAINST is not None:
         out.append(("against", [AGAINST[0].SlowCallInterceptor(SLOW_THRESHOLD),
                                 AGAINST[0].ServerDeadlineInterceptor(MAX_TIME)]))
-    return out
+    return out + _parts(btg, _NoopInterceptor)
 
 
 def _aio_contenders() -> list[tuple[str, list[Any]]]:
-    out = [("plain", []),
-           ("2 no-op", [_AioNoopInterceptor(), _AioNoopInterceptor()]),
-           ("2 wrappers", [_AioWrappingInterceptor(), _AioWrappingInterceptor()]),
-           ("deadline+slow", [bta.SlowCallInterceptor(SLOW_THRESHOLD),
-                              bta.ServerDeadlineInterceptor(MAX_TIME)])]
+    out: list[tuple[str, list[Any]]] = [
+        ("plain", []),
+        ("2 no-op", [_AioNoopInterceptor(), _AioNoopInterceptor()]),
+        ("2 wrappers", [_AioWrappingInterceptor(), _AioWrappingInterceptor()]),
+        ("deadline+slow", [bta.SlowCallInterceptor(SLOW_THRESHOLD),
+                           bta.ServerDeadlineInterceptor(MAX_TIME)]),
+    ]
     if AGAINST is not None:
         out.append(("against", [AGAINST[1].SlowCallInterceptor(SLOW_THRESHOLD),
                                 AGAINST[1].ServerDeadlineInterceptor(MAX_TIME)]))
-    return out
+    return out + _parts(bta, _AioNoopInterceptor)
 
 
 CONTENDERS = ["plain", "2 no-op", "2 wrappers", "deadline+slow"]
@@ -313,6 +347,9 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, float]:
     inter = statistics.median(samples["deadline+slow"])
     other = {"against_median_us": statistics.median(samples["against"]) * 1e6,
              "against_vs_noop": statistics.median(samples["against"]) / noop} if "against" in samples else {}
+    for name in ("slow + no-op", "no-op + deadline", "no timers"):
+        if name in samples:
+            other[f"{name}_median_us"] = statistics.median(samples[name]) * 1e6
     return other | {
         "plain_median_us": plain * 1e6,
         "noop_median_us": noop * 1e6,
@@ -428,12 +465,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", metavar="TREE", default=None,
                         help="also a server with the interceptors of another checkout (e.g. a "
                              "git worktree of an older commit), in the same interleaved run")
+    parser.add_argument("--parts", action="store_true",
+                        help="also servers with one of the two interceptors beside a no-op, and "
+                             "both on a stand-in TimerThread that arms nothing: where the cost is")
     parser.add_argument("--contender", choices=[*CONTENDERS, "against"], default=None,
                         help="with --chain-calls: this server's chain only")
     args = parser.parse_args(argv)
     apis = [args.api] if args.api else ["sync", "aio"]
     if args.against is not None:
         load_against(args.against)
+    if args.parts:
+        global PARTS
+        PARTS = True
+        CONTENDERS.extend(["slow + no-op", "no-op + deadline", "no timers"])
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
     if args.chain:
@@ -467,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
               + f"  {' '.join(f'{r:.3f}' for r in ratios):<20} {'met' if met else 'MISSED'}")
     print("\n(us per call; added = dl+slow - 2 no-op; then x 2 no-op: wrap, dl+slow"
           + (", against" if against else "") + "; per-round: dl+slow x 2 no-op)")
+    if PARTS:
+        print("\nthe parts: us per call, over and x 2 no-op")
+        for api, s, _ in rows:
+            for name in ("slow + no-op", "no-op + deadline", "no timers"):
+                us = s[f"{name}_median_us"]
+                print(f"{api:<5}{name:<18}{us:>9.1f}{us - s['noop_median_us']:>+9.1f}"
+                      f"{us / s['noop_median_us']:>8.3f}")
     return 0 if ok else 1
 
 
