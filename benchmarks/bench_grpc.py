@@ -166,6 +166,9 @@ class _StandInTimerThread:
         return self._handle
 
 
+_PART_NAMES = ["slow + no-op", "no-op + deadline", "no timers"]
+
+
 def _parts(mod: Any, noop: Callable[[], Any]) -> list[tuple[str, list[Any]]]:
     if not PARTS:
         return []
@@ -347,7 +350,7 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, float]:
     inter = statistics.median(samples["deadline+slow"])
     other = {"against_median_us": statistics.median(samples["against"]) * 1e6,
              "against_vs_noop": statistics.median(samples["against"]) / noop} if "against" in samples else {}
-    for name in ("slow + no-op", "no-op + deadline", "no timers"):
+    for name in _PART_NAMES:
         if name in samples:
             other[f"{name}_median_us"] = statistics.median(samples[name]) * 1e6
     return other | {
@@ -468,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", action="store_true",
                         help="also servers with one of the two interceptors beside a no-op, and "
                              "both on a stand-in TimerThread that arms nothing: where the cost is")
-    parser.add_argument("--contender", choices=[*CONTENDERS, "against"], default=None,
+    parser.add_argument("--contender", choices=[*CONTENDERS, "against", *_PART_NAMES], default=None,
                         help="with --chain-calls: this server's chain only")
     args = parser.parse_args(argv)
     apis = [args.api] if args.api else ["sync", "aio"]
@@ -477,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parts:
         global PARTS
         PARTS = True
-        CONTENDERS.extend(["slow + no-op", "no-op + deadline", "no timers"])
+        CONTENDERS.extend(_PART_NAMES)
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
     if args.chain:
@@ -514,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     if PARTS:
         print("\nthe parts: us per call, over and x 2 no-op")
         for api, s, _ in rows:
-            for name in ("slow + no-op", "no-op + deadline", "no timers"):
+            for name in _PART_NAMES:
                 us = s[f"{name}_median_us"]
                 print(f"{api:<5}{name:<18}{us:>9.1f}{us - s['noop_median_us']:>+9.1f}"
                       f"{us / s['noop_median_us']:>8.3f}")
