@@ -1,7 +1,7 @@
 """What the sync and aio interceptors share: budgets and their propagation,
 argument checks, the facts handed to hooks and how they are logged, the
 delegating context base, handler wrapping with its per-method cache, and
-the settings of each interceptor (docs/grpc.rst, "The interceptors").
+the settings of each interceptor (docs/grpc.rst; the per-call cost: "Costs").
 """
 
 from __future__ import annotations
