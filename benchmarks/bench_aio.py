@@ -5,7 +5,8 @@ Run (the bench nox session does this)::
     pytest benchmarks/bench_aio.py --benchmark-only --benchmark-disable-gc
 
 Each group puts the contenders side by side in one process on the same kind
-of loop; compare within a group, never across runs.  Groups:
+of loop; compare within a group, never across runs.  The workloads are the
+kit's (``bucketimer.bench``); groups:
 
 * ``timeout-enter-exit[<loop>]``: ``async with X.timeout(30): pass``.
 * ``wait_for-finishing[<loop>]``: ``await X.wait_for(coro_that_returns(), 30)``.
@@ -25,68 +26,35 @@ of loop; compare within a group, never across runs.  Groups:
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import random
 import statistics
-import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
+from conftest import HOST_LOOPS, LOOP_KINDS
 
 import bucketimer
-from bucketimer import aio
-from bucketimer import loop as bt_loop
-
-try:
-    import uvloop
-except ImportError:  # pragma: no cover
-    uvloop = None
+from bucketimer.bench import _loopload, _timeouts
+from bucketimer.bench._lateness import lateness_round, via_call_later
+from bucketimer.bench._pairs import PairsTarget, sync_pairs
 
 QUICK = bool(os.environ.get("BUCKETIMER_BENCH_QUICK"))
 
-# Reference loops and the contenders.
-LOOPS = {"asyncio": asyncio.SelectorEventLoop, "bucketimer-loop": bt_loop.EventLoop}
-if uvloop is not None:
-    LOOPS["uvloop"] = uvloop.new_event_loop
-    LOOPS["bucketimer-uvloop"] = bt_loop.UVEventLoop
-HOST_LOOPS = ["asyncio"] + (["uvloop"] if uvloop is not None else [])
-
 HELPERS = {
     "asyncio": (asyncio.timeout, asyncio.wait_for),
-    "bucketimer": (aio.timeout, aio.wait_for),
+    "bucketimer": (bucketimer.timeout, bucketimer.wait_for),
 }
+MakeLoop = Callable[[str], asyncio.AbstractEventLoop]
 
 
-def _noop() -> None:
-    pass
-
-
-@pytest.fixture
-def make_loop():
-    loops = []
-
-    def make(kind):
-        lp = LOOPS[kind]()
-        loops.append(lp)
-        return lp
-
-    yield make
-    for lp in loops:
-        lp.close()
-
-
-def _bench_async(benchmark, loop, body, n):
-    """Times ``n`` awaits of ``body()`` inside one task; reports per-call time."""
-
-    async def batch():
-        for _ in range(n):
-            await body()
-
-    def run():
-        loop.run_until_complete(batch())
-
+def _bench_round(benchmark: Any, loop: asyncio.AbstractEventLoop,
+                 round_fn: Callable[[Any, int], Awaitable[float]], fn: Any, n: int) -> None:
+    """Times ``round_fn(fn, n)`` (one task, n calls); reports per-call time."""
     benchmark.extra_info["calls_per_round"] = n
-    benchmark.pedantic(run, rounds=20, warmup_rounds=2, iterations=1)
+    benchmark.pedantic(lambda: loop.run_until_complete(round_fn(fn, n)),
+                       rounds=20, warmup_rounds=2, iterations=1)
     benchmark.extra_info["per_call_us"] = benchmark.stats.stats.median / n * 1e6
 
 
@@ -95,34 +63,18 @@ def _bench_async(benchmark, loop, body, n):
 
 @pytest.mark.parametrize("impl", sorted(HELPERS))
 @pytest.mark.parametrize("host", HOST_LOOPS)
-def test_timeout_enter_exit(benchmark, make_loop, host, impl):
+def test_timeout_enter_exit(benchmark: Any, make_loop: MakeLoop, host: str, impl: str) -> None:
     """``async with timeout(30): pass`` (target: bucketimer >= 5x asyncio)."""
     benchmark.group = f"timeout-enter-exit[{host}]"
-    timeout = HELPERS[impl][0]
-    loop = make_loop(host)
-
-    async def body():
-        async with timeout(30):
-            pass
-
-    _bench_async(benchmark, loop, body, 2000)
+    _bench_round(benchmark, make_loop(host), _timeouts.timeout_round, HELPERS[impl][0], 2000)
 
 
 @pytest.mark.parametrize("impl", sorted(HELPERS))
 @pytest.mark.parametrize("host", HOST_LOOPS)
-def test_wait_for_finishing(benchmark, make_loop, host, impl):
+def test_wait_for_finishing(benchmark: Any, make_loop: MakeLoop, host: str, impl: str) -> None:
     """``await wait_for(returns_at_once(), 30)`` (target: >= 5x asyncio)."""
     benchmark.group = f"wait_for-finishing[{host}]"
-    wait_for = HELPERS[impl][1]
-    loop = make_loop(host)
-
-    async def returns_at_once():
-        return 1
-
-    async def body():
-        await wait_for(returns_at_once(), 30)
-
-    _bench_async(benchmark, loop, body, 1000)
+    _bench_round(benchmark, make_loop(host), _timeouts.wait_for_round, HELPERS[impl][1], 1000)
 
 
 # -- 2. drop-in call_later + cancel --------------------------------------------------------
@@ -130,67 +82,33 @@ def test_wait_for_finishing(benchmark, make_loop, host, impl):
 PENDING = [0, 10_000] + ([] if QUICK else [1_000_000])
 
 
-@pytest.mark.parametrize("kind", sorted(LOOPS))
+@pytest.mark.parametrize("kind", sorted(LOOP_KINDS))
 @pytest.mark.parametrize("pending", PENDING)
-def test_call_later_cancel(benchmark, make_loop, kind, pending):
+def test_call_later_cancel(benchmark: Any, kind: str, pending: int) -> None:
     """``loop.call_later(30, cb).cancel()`` with ``pending`` other timers
     (target: drop-in >= 15x stock, flat from 0 to 1 M within 1.2x)."""
     benchmark.group = f"call_later-cancel[{pending} pending]"
-    loop = make_loop(kind)
     n = 2000
-
-    async def setup_and_measure():
-        keep = [loop.call_later(3600 + i * 1e-6, _noop) for i in range(pending)]
-        call_later = loop.call_later
-
-        def run():
-            for _ in range(n):
-                call_later(30, _noop).cancel()
-
-        benchmark.pedantic(run, rounds=30, warmup_rounds=2, iterations=1)
-        for h in keep:
-            h.cancel()
-        if pending >= 100_000:
-            # Let the core reap what was just cancelled before the next
-            # benchmark: it does so in one go on the timer thread, and the
-            # timers of the next benchmark would wait behind that work.
-            await asyncio.sleep(0.5)
-
-    loop.run_until_complete(setup_and_measure())
+    target = PairsTarget(LOOP_KINDS[kind], pending)
+    try:
+        call_later = target.call_later
+        target.inside(lambda: benchmark.pedantic(
+            sync_pairs, args=(call_later, n), rounds=30, warmup_rounds=2, iterations=1))
+    finally:
+        target.close()
     benchmark.extra_info["per_call_ns"] = benchmark.stats.stats.median / n * 1e9
 
 
 # -- 3. precision -------------------------------------------------------------------------------
 
 N_PRECISION = 2_000 if QUICK else 10_000
+PRECISION_CASES = ["asyncio", "bucketimer-helper", "bucketimer-loop"] + (
+    ["uvloop", "bucketimer-helper-on-uvloop", "bucketimer-uvloop"] if "uvloop" in LOOP_KINDS
+    else [])
 
 
-def _lateness_run(loop, schedule):
-    """Schedules N timers at random deadlines over a 50 ms window
-    (time.monotonic clock) with ``schedule(deadline, cb, deadline)`` and
-    returns their lateness in seconds."""
-    rnd = random.Random(42)
-    late = []
-
-    def cb(deadline):
-        late.append(time.monotonic() - deadline)
-
-    async def main():
-        # The window starts 100 ms out so that scheduling 10 000 timers (up
-        # to ~30 ms on the stock loop) does not itself count as lateness.
-        start = time.monotonic() + 0.100
-        for _ in range(N_PRECISION):
-            d = start + rnd.uniform(0, 0.050)
-            schedule(d, cb, d)
-        while len(late) < N_PRECISION:
-            await asyncio.sleep(0.01)
-
-    loop.run_until_complete(main())
-    return late
-
-
-def _summarise(benchmark, late):
-    s = sorted(late)
+def _summarise(benchmark: Any, late_ns: list[int]) -> dict[str, float]:
+    s = sorted(x / 1e9 for x in late_ns)
     q = statistics.quantiles(s, n=100)
     info = {
         "p50_us": round(statistics.median(s) * 1e6, 1),
@@ -204,43 +122,27 @@ def _summarise(benchmark, late):
     return info
 
 
-PRECISION_CASES = ["asyncio", "bucketimer-helper", "bucketimer-loop"] + (
-    ["uvloop", "bucketimer-helper-on-uvloop", "bucketimer-uvloop"] if uvloop is not None else []
-)
-
-
 @pytest.mark.parametrize("case", PRECISION_CASES)
-def test_precision(benchmark, make_loop, case):
+def test_precision(benchmark: Any, make_loop: MakeLoop, case: str) -> None:
     """Lateness of 10 000 timers at random 0-50 ms (targets: 0 early, p50 <=
     100 us, p99 <= 1 ms idle, p50 better than asyncio's and uvloop's).
 
     The deadline is a time.monotonic() instant in every case; the loops get
     it as ``call_later(deadline - time.monotonic())``, the helper case as
-    ``default_timer_thread().call_at(deadline, loop=loop)`` on the host loop.
+    ``default_timer_thread().call_at(deadline)`` on the host loop.  The
+    window starts 100 ms out so that scheduling 10 000 timers (up to ~30 ms
+    on the stock loop) does not itself count as lateness.
     """
     benchmark.group = "precision"
     host = {"bucketimer-helper": "asyncio", "bucketimer-helper-on-uvloop": "uvloop"}.get(case, case)
     loop = make_loop(host)
-    if case.startswith("bucketimer-helper"):
-        tt = bucketimer.default_timer_thread()
+    call_at = (bucketimer.default_timer_thread().call_at if case.startswith("bucketimer-helper")
+               else via_call_later(loop.call_later))
+    result: dict[str, list[int]] = {}
 
-        def schedule(d, cb, arg):
-            tt.call_at(d, cb, arg, loop=loop)
-
-    else:
-        # call_later(delay): what asyncio.sleep and every library do; it also
-        # spares uvloop's stock loop a conversion from its own cached clock
-        # (loop.time()), which would otherwise make it look earlier still.
-        call_later = loop.call_later
-        monotonic = time.monotonic
-
-        def schedule(d, cb, arg):
-            call_later(d - monotonic(), cb, arg)
-
-    result = {}
-
-    def run():
-        result["late"] = _lateness_run(loop, schedule)
+    def run() -> None:
+        result["late"] = loop.run_until_complete(
+            lateness_round(call_at, N_PRECISION, 0.050, random.Random(42), lead=0.100))
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     _summarise(benchmark, result["late"])
@@ -252,35 +154,23 @@ N_SEQ = 1_000 if QUICK else 10_000
 TASKS, ROUNDS = (200, 20) if QUICK else (1_000, 100)
 
 
-@pytest.mark.parametrize("kind", sorted(LOOPS))
-def test_fire_heavy_sequential_sleeps(benchmark, make_loop, kind):
+@pytest.mark.parametrize("kind", sorted(LOOP_KINDS))
+def test_fire_heavy_sequential_sleeps(benchmark: Any, make_loop: MakeLoop, kind: str) -> None:
     """10 000 sequential ``asyncio.sleep(0.001)`` (drop-in must be <= 1.5x stock)."""
     benchmark.group = "fire-heavy: 10k sequential sleep(1ms)"
     loop = make_loop(kind)
-
-    async def main():
-        for _ in range(N_SEQ):
-            await asyncio.sleep(0.001)
-
-    benchmark.pedantic(lambda: loop.run_until_complete(main()), rounds=1, iterations=1)
+    benchmark.pedantic(lambda: loop.run_until_complete(_loopload.sequential_sleeps(N_SEQ)),
+                       rounds=1, iterations=1)
     benchmark.extra_info["per_sleep_us"] = benchmark.stats.stats.median / N_SEQ * 1e6
 
 
-@pytest.mark.parametrize("kind", sorted(LOOPS))
-def test_fire_heavy_many_tasks(benchmark, make_loop, kind):
+@pytest.mark.parametrize("kind", sorted(LOOP_KINDS))
+def test_fire_heavy_many_tasks(benchmark: Any, make_loop: MakeLoop, kind: str) -> None:
     """1 000 tasks each sleeping random 0-10 ms, 100 rounds (<= 1.5x stock)."""
     benchmark.group = "fire-heavy: 1000 tasks x 100 random sleeps"
     loop = make_loop(kind)
-
-    async def one(seed):
-        rnd = random.Random(seed)
-        for _ in range(ROUNDS):
-            await asyncio.sleep(rnd.uniform(0, 0.010))
-
-    async def main():
-        await asyncio.gather(*(one(i) for i in range(TASKS)))
-
-    benchmark.pedantic(lambda: loop.run_until_complete(main()), rounds=3, iterations=1)
+    benchmark.pedantic(lambda: loop.run_until_complete(_loopload.random_sleepers(TASKS, ROUNDS)),
+                       rounds=3, iterations=1)
 
 
 # -- 2b. loop stalls and RSS from cancelled timers ------------------------------------------------
@@ -288,66 +178,37 @@ def test_fire_heavy_many_tasks(benchmark, make_loop, kind):
 N_CHURN = 100_000 if QUICK else 1_000_000
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _bench_once(benchmark: Any, loop: asyncio.AbstractEventLoop,
+                make: Callable[[], Awaitable[dict[str, float]]], what: str) -> None:
+    """Times one run of ``make()`` and keeps the figures it returns."""
+    result: dict[str, float] = {}
+
+    async def body() -> None:
+        result.update(await make())
+
+    benchmark.pedantic(lambda: loop.run_until_complete(body()), rounds=1, iterations=1)
+    benchmark.extra_info.update(result)
+    print(f"\n  {what} {benchmark.name}: {result}")
 
 
-@pytest.mark.parametrize("kind", sorted(LOOPS))
-def test_cancel_churn_stalls_and_rss(benchmark, make_loop, kind):
+@pytest.mark.parametrize("kind", sorted(LOOP_KINDS))
+def test_cancel_churn_stalls_and_rss(benchmark: Any, make_loop: MakeLoop, kind: str) -> None:
     """1 M call_later(30)+cancel in batches of 1 000, one loop iteration per
     batch: the longest gap between iterations not spent in our own batches
     (bookkeeping stalls; target < 1 ms) and the RSS growth per million
     cancelled timers (target: bounded by the core's drain threshold)."""
     benchmark.group = "cancel-churn"
     loop = make_loop(kind)
-    batch = 1000
-    result = {}
-
-    async def main():
-        call_later = loop.call_later
-        gc.collect()
-        rss0 = _rss_mb()
-        worst_gap = 0.0
-        for _ in range(N_CHURN // batch):
-            for _ in range(batch):
-                call_later(30, _noop).cancel()
-            t_batch_end = time.perf_counter()
-            await asyncio.sleep(0)  # one loop iteration
-            gap = time.perf_counter() - t_batch_end
-            worst_gap = max(worst_gap, gap)
-        result["worst_iteration_ms"] = round(worst_gap * 1e3, 3)
-        result["rss_mb_per_million"] = round((_rss_mb() - rss0) * 1_000_000 / N_CHURN, 1)
-
-    benchmark.pedantic(lambda: loop.run_until_complete(main()), rounds=1, iterations=1)
-    benchmark.extra_info.update(result)
-    print(f"\n  cancel-churn {kind}: {result}")
+    _bench_once(benchmark, loop, lambda: _loopload.cancel_churn(loop.call_later, N_CHURN),
+                "cancel-churn")
 
 
-@pytest.mark.parametrize("kind", sorted(LOOPS))
-def test_mass_cancel_stall(benchmark, make_loop, kind):
+@pytest.mark.parametrize("kind", sorted(LOOP_KINDS))
+def test_mass_cancel_stall(benchmark: Any, make_loop: MakeLoop, kind: str) -> None:
     """1 M timers pending, all cancelled at once, then one loop iteration:
     how long that iteration takes (asyncio rebuilds its heap of cancelled
     handles there) and the RSS left once they are cancelled."""
     benchmark.group = "mass-cancel"
     loop = make_loop(kind)
-    result = {}
-
-    async def main():
-        call_later = loop.call_later
-        gc.collect()
-        rss0 = _rss_mb()
-        handles = [call_later(30 + i * 1e-6, _noop) for i in range(N_CHURN)]
-        for h in handles:
-            h.cancel()
-        del handles
-        t0 = time.perf_counter()
-        await asyncio.sleep(0)
-        result["next_iteration_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
-        await asyncio.sleep(0.01)
-        gc.collect()
-        result["rss_mb_after"] = round((_rss_mb() - rss0) * 1_000_000 / N_CHURN, 1)
-
-    benchmark.pedantic(lambda: loop.run_until_complete(main()), rounds=1, iterations=1)
-    benchmark.extra_info.update(result)
-    print(f"\n  mass-cancel {kind}: {result}")
+    _bench_once(benchmark, loop, lambda: _loopload.mass_cancel(loop.call_later, N_CHURN),
+                "mass-cancel")

@@ -23,28 +23,20 @@ import tempfile
 
 N = 5000
 
+# Each operation is the kit's timed loop of that workload (bucketimer.bench).
 SNIPPET = r"""
-import asyncio, gc, sys
+import asyncio, sys
 import bucketimer
-from bucketimer import aio
+from bucketimer.bench import _pairs, _timeouts
 op, n = sys.argv[1], int(sys.argv[2])
-def cb(): pass
-async def ret(): return 1
+ours = op.endswith("bucketimer")
 async def main():
-    gc.disable()
-    loop = asyncio.get_running_loop()
     if op.startswith("timeout"):
-        cm = aio.timeout if op.endswith("bucketimer") else asyncio.timeout
-        for _ in range(n):
-            async with cm(30): pass
+        await _timeouts.timeout_round(bucketimer.timeout if ours else asyncio.timeout, n)
     elif op.startswith("wait_for"):
-        wf = aio.wait_for if op.endswith("bucketimer") else asyncio.wait_for
-        for _ in range(n):
-            await wf(ret(), 30)
+        await _timeouts.wait_for_round(bucketimer.wait_for if ours else asyncio.wait_for, n)
     else:
-        cl = loop.call_later
-        for _ in range(n):
-            cl(30.0, cb).cancel()
+        _pairs.sync_pairs(asyncio.get_running_loop().call_later, n)
 factory = bucketimer.new_event_loop if op == "pair/drop-in" else asyncio.SelectorEventLoop
 with asyncio.Runner(loop_factory=factory) as r:
     r.run(main())

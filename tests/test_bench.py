@@ -18,7 +18,7 @@ import pytest
 
 import bucketimer
 from bucketimer import bench
-from bucketimer.bench import _suite
+from bucketimer.bench import _records
 
 try:
     import matplotlib  # noqa: F401
@@ -65,14 +65,10 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
             assert r["min"] <= r["p25"] <= r["median"] <= r["p75"] <= r["max"], r
     # bucketimer is on every row and its timings are real numbers.
     workloads = {r["workload"] for r in recs}
-    expected = {"pairs@0", "pairs@1000", "lateness_p50", "lateness_p99", "lateness_max",
-                "early_fires", "noloop_pairs@0", "noloop_pairs@pending",
-                "noloop_lateness_p50", "noloop_lateness_p99", "core@1", "core@2",
-                "core_scaling@2", "core_pending"}
-    if bench._suite.find_timeout() is not None:
-        expected.add("timeout")
-    if bench._suite.find_timeout("wait_for") is not None:
-        expected.add("wait_for")
+    expected = {"pairs@0", "pairs@1000", "timeout", "wait_for", "lateness_p50",
+                "lateness_p99", "lateness_max", "early_fires", "noloop_pairs@0",
+                "noloop_pairs@pending", "noloop_lateness_p50", "noloop_lateness_p99",
+                "core@1", "core@2", "core_scaling@2", "core_pending"}
     assert expected <= workloads
     for w in expected:
         b = by[(w, "bucketimer")]
@@ -87,7 +83,7 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
     # count all of them, and the early-fire record knows the total.
     early = by[("early_fires", "bucketimer")]
     assert early["timers"] == rounds * doc["suite"]["late_timers"]
-    assert early["total"] == 0  # the core never fires early (DESIGN rule 6)
+    assert early["total"] == 0  # docs/guarantees.rst, "Never early"
     assert sum(by[("lateness_p50", "bucketimer")]["hist"]) == early["timers"]
 
     with open(out_csv, newline="", encoding="utf-8") as f:
@@ -159,17 +155,17 @@ def test_run_api_records_and_table():
 
 
 def test_statistics_helpers():
-    assert _suite.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
-    assert _suite.quantile([5.0], 0.99) == 5.0
-    assert math.isnan(_suite.quantile([], 0.5))
-    s = _suite.summarize([3, 1, 2])
+    assert _records.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
+    assert _records.quantile([5.0], 0.99) == 5.0
+    assert math.isnan(_records.quantile([], 0.5))
+    s = _records.summarize([3, 1, 2])
     assert (s["min"], s["median"], s["max"], s["mean"]) == (1, 2, 3, 2)
     # The core's lateness histogram format: bucket i counts [2^(i-1), 2^i) ns.
-    h = _suite.log2_hist([-5, 0, 1, 2, 3, 4, 1023, 1024, 1 << 60])
+    h = _records.log2_hist([-5, 0, 1, 2, 3, 4, 1023, 1024, 1 << 60])
     assert h[0] == 2 and h[1] == 1 and h[2] == 2 and h[3] == 1
     assert h[10] == 1 and h[11] == 1 and h[47] == 1 and sum(h) == 9
-    assert _suite.count_label(1_000_000) == "1M" and _suite.count_label(10_000) == "10k"
-    assert _suite.count_label(1500) == "1500"
+    assert _records.count_label(1_000_000) == "1M" and _records.count_label(10_000) == "10k"
+    assert _records.count_label(1500) == "1500"
 
 
 def test_monitor_samples_stats_while_timers_fire():

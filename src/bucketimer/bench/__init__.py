@@ -30,18 +30,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, Self
 
+from ._contenders import CONTENDERS
+from ._machine import machine_info
 from ._plot import PANELS, hist_of, plot, plot_lateness, plot_stats_timeline
 from ._report import format_table, write_csv, write_json
-from ._suite import (
-    CONTENDERS,
-    GROUPS,
-    SUITES,
-    Runner,
-    Suite,
-    machine_info,
-    suite_by_name,
-    suite_dict,
-)
+from ._runner import GROUPS, Runner
+from ._suite import SUITES, Suite, suite_by_name, suite_dict
 
 __all__ = [
     "CONTENDERS",
@@ -64,13 +58,13 @@ __all__ = [
 ]
 
 
-class Records(list):
+class Records(list[dict[str, Any]]):
     """The result of :func:`run` when pandas is not installed: a list of
     dicts (one per table cell) with the run's metadata in ``.meta``."""
 
     meta: dict[str, Any]
 
-    def __init__(self, records: Sequence[dict[str, Any]] = (), meta: dict | None = None) -> None:
+    def __init__(self, records: Sequence[dict[str, Any]] = (), meta: dict[str, Any] | None = None) -> None:
         super().__init__(records)
         self.meta = meta or {}
 

@@ -13,8 +13,8 @@ import sys
 import time
 
 from . import GROUPS, run
+from ._contenders import CONTENDERS
 from ._report import format_table, write_csv, write_json
-from ._suite import CONTENDERS
 
 
 def _parser() -> argparse.ArgumentParser:

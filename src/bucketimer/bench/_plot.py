@@ -12,8 +12,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
+from ._records import count_label
 from ._report import as_records, format_value, meta_of
-from ._suite import BUCKETIMER, CONTENDERS, REF_HEAP, count_label
 
 PANELS = ("pairs", "timeout", "lateness", "cdf", "noloop", "core")
 
@@ -22,6 +23,7 @@ COLORS = {
     "asyncio": "#ff7f0e",
     "uvloop": "#2ca02c",
     "drop-in": "#9467bd",
+    "drop-in uvloop": "#17becf",
     "threading.Timer": "#8c564b",
     "sched": "#e377c2",
     "1-lock heap": "#7f7f7f",
@@ -197,7 +199,9 @@ def _cdf_line(ax: Any, hist: Sequence[int], label: str, color: Any = None) -> No
     total = sum(hist)
     if not total:
         return
-    xs, ys, acc = [], [], 0
+    xs: list[float] = []
+    ys: list[float] = []
+    acc = 0
     for i, n in enumerate(hist):
         acc += n
         if n or xs:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._suite import BUCKETIMER, CONTENDERS, REF_HEAP
+from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
 
 _FANCY = {"mu": "\u00b5", "x": "\u00d7", "pm": "\u00b1", "down": "\u2193", "up": "\u2191"}
 _PLAIN = {"mu": "u", "x": "x", "pm": "+-", "down": "v", "up": "^"}
@@ -78,7 +78,7 @@ _OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note")
 def as_records(data: Any) -> list[dict[str, Any]]:
     """Records from run(): a pandas DataFrame or a list of dicts."""
     if hasattr(data, "to_dict") and hasattr(data, "columns"):
-        recs = data.to_dict("records")
+        recs: list[dict[str, Any]] = data.to_dict("records")
         for r in recs:  # pandas turns None into NaN in numeric columns
             for k, v in list(r.items()):
                 if isinstance(v, float) and math.isnan(v) and k in _OPTIONAL_FIELDS:

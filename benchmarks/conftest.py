@@ -1,0 +1,32 @@
+"""Fixtures of the pytest-benchmark wrappers: fresh loops of the kit's
+contenders (``bucketimer.bench``), closed after each benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from bucketimer.bench import _contenders as c
+
+# The loop kinds of these benchmarks' ids, as the kit's contenders.
+LOOP_KINDS = {"asyncio": c.ASYNCIO, "bucketimer-loop": c.DROPIN}
+if c.uvloop is not None:
+    LOOP_KINDS.update({"uvloop": c.UVLOOP, "bucketimer-uvloop": c.DROPIN_UV})
+HOST_LOOPS = ["asyncio"] + (["uvloop"] if c.uvloop is not None else [])
+
+
+@pytest.fixture
+def make_loop() -> Iterator[Callable[[str], asyncio.AbstractEventLoop]]:
+    """``make_loop(kind)``: a new loop of a kind of ``LOOP_KINDS``."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def make(kind: str) -> asyncio.AbstractEventLoop:
+        loop = c.new_loop(LOOP_KINDS[kind])
+        loops.append(loop)
+        return loop
+
+    yield make
+    for loop in loops:
+        loop.close()

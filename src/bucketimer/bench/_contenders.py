@@ -1,0 +1,78 @@
+"""The contenders (the table's columns) and what each one runs on.
+
+``bucketimer``
+    bucketimer's own API on the stock asyncio loop: ``TimerThread`` timers
+    (or, with no loop, its dispatcher thread), ``bucketimer.timeout()`` and
+    ``wait_for()``; for the native rows, the bucketed C core.
+``asyncio`` / ``uvloop`` / ``drop-in`` / ``drop-in uvloop``
+    That event loop's own ``call_later``/``call_at``/``asyncio.timeout()``;
+    ``drop-in`` is :class:`bucketimer.EventLoop`, ``drop-in uvloop`` is
+    ``bucketimer.loop.UVEventLoop`` (uvloop with native timers).
+``threading.Timer`` / ``sched``
+    The standard library's timers for code with no event loop.
+``1-lock heap``
+    The reference C timer of ``csrc/bench.c``: one mutex, one binary heap.
+
+uvloop is the one optional contender: without it, its column is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import ModuleType
+
+import bucketimer
+from bucketimer.loop import EventLoop
+
+uvloop: ModuleType | None
+try:
+    import uvloop
+except ImportError:
+    uvloop = None
+
+BUCKETIMER = "bucketimer"
+ASYNCIO = "asyncio"
+UVLOOP = "uvloop"
+DROPIN = "drop-in"
+DROPIN_UV = "drop-in uvloop"
+THREADING_TIMER = "threading.Timer"
+SCHED = "sched"
+REF_HEAP = "1-lock heap"
+# Column order of the table.
+CONTENDERS = (BUCKETIMER, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, THREADING_TIMER, SCHED, REF_HEAP)
+
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+
+def loop_factories() -> dict[str, LoopFactory]:
+    """The event loop of each loop contender, in column order; uvloop's only
+    when it is installed."""
+    loops: dict[str, LoopFactory] = {BUCKETIMER: asyncio.new_event_loop,
+                                     ASYNCIO: asyncio.new_event_loop}
+    if uvloop is not None:
+        loops[UVLOOP] = uvloop.new_event_loop
+    loops[DROPIN] = EventLoop
+    return loops
+
+
+def new_loop(name: str, timer_thread: bucketimer.TimerThread | None = None
+             ) -> asyncio.AbstractEventLoop:
+    """A new event loop of the loop contender ``name`` (``bucketimer`` runs on
+    the stock loop); a drop-in loop takes its timers from ``timer_thread``
+    (default: the process-wide one).  uvloop's raise ``RuntimeError`` when
+    uvloop is not installed."""
+    if name in (BUCKETIMER, ASYNCIO):
+        return asyncio.new_event_loop()
+    if name == DROPIN:
+        return EventLoop(timer_thread=timer_thread)
+    if name in (UVLOOP, DROPIN_UV):
+        if uvloop is None:
+            raise RuntimeError(f"{name}: uvloop is not installed")
+        if name == UVLOOP:
+            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+            return loop
+        from bucketimer.loop import UVEventLoop
+
+        return UVEventLoop(timer_thread=timer_thread)
+    raise ValueError(f"not a loop contender: {name!r}")
