@@ -18,7 +18,7 @@ import pytest
 
 import bucketimer
 from bucketimer import bench
-from bucketimer.bench import _records
+from bucketimer.bench import _records, _service
 
 try:
     import matplotlib  # noqa: F401
@@ -60,7 +60,8 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
     by = {(r["workload"], r["contender"]): r for r in recs}
     rounds = doc["suite"]["rounds"]
     for r in recs:
-        assert len(r["samples"]) == r["rounds"] == rounds, r["workload"]
+        want = doc["suite"]["service_rounds"] if r["group"] == "service" else rounds
+        assert len(r["samples"]) == r["rounds"] == want, r["workload"]
         if r["unit"] != "count":
             assert r["min"] <= r["p25"] <= r["median"] <= r["p75"] <= r["max"], r
     # bucketimer is on every row and its timings are real numbers.
@@ -68,11 +69,12 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
     expected = {"pairs@0", "pairs@1000", "timeout", "wait_for", "lateness_p50",
                 "lateness_p99", "lateness_max", "early_fires", "noloop_pairs@0",
                 "noloop_pairs@pending", "noloop_lateness_p50", "noloop_lateness_p99",
-                "core@1", "core@2", "core_scaling@2", "core_pending"}
+                "core@1", "core@2", "core_scaling@2", "core_pending", "service_rps@20",
+                "service_p50@20", "service_p99@20", "service_stall@20", "service_rss@20"}
     assert expected <= workloads
     for w in expected:
         b = by[(w, "bucketimer")]
-        if b["unit"] in ("ns", "pairs/s"):
+        if b["unit"] in ("ns", "pairs/s", "req/s", "MiB"):
             assert b["median"] > 0, w
             assert b["ratio"] == 1.0  # the baseline of its row
         else:  # counts and scaling factors have no ratio (JSON null, not NaN)
@@ -263,3 +265,74 @@ def test_bench_loops_on_the_bucketed_core(cffi_lib):
     finally:
         lib.bt_stop(tt)
         lib.bt_destroy(tt)
+
+
+# ---- the service benchmark ---------------------------------------------------------
+
+
+def test_service_smoke_serves_real_requests(tmp_path):
+    """Every contender's server answers real requests over 127.0.0.1, in
+    its own process, and the figures hang together."""
+    out_json = tmp_path / "svc.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bucketimer.bench", "--smoke", "--only", "service",
+         "--json", str(out_json)],
+        check=False, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "service requests/s, 20 conns" in proc.stdout
+    assert "service, 20 conns: drop-in" in proc.stdout  # the verdict against asyncio
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
+    recs = doc["records"]
+    assert {r["group"] for r in recs} == {"service"}
+    names = {"bucketimer", "asyncio", "drop-in"} | (
+        {"uvloop", "drop-in uvloop"} if _service.uvloop is not None else set())
+    assert {r["contender"] for r in recs} == names
+    by = {(r["workload"], r["contender"]): r for r in recs}
+    window = doc["suite"]["service_window"]
+    for name in names:
+        rps = by[("service_rps@20", name)]
+        # Each turn answered requests; a closed loop of 20 connections on
+        # loopback answers far more than 20 per window.
+        assert rps["per_round"] > 20 and rps["min"] * window >= 20, name
+        for s_p50, s_p99 in zip(by[("service_p50@20", name)]["samples"],
+                                by[("service_p99@20", name)]["samples"]):
+            assert 0 < s_p50 <= s_p99 < 5e9, name
+        # Little's law: 20 connections, one request each in flight.
+        assert by[("service_p50@20", name)]["median"] < 20 / rps["median"] * 1e9 * 3
+        assert all(0 <= x < 5e9 for x in by[("service_stall@20", name)]["samples"])
+        assert 5 < by[("service_rss@20", name)]["median"] < 2000  # MiB
+        assert 0 < by[("service_server_busy@20", name)]["median"] <= 110
+        assert 0 < by[("service_client_busy@20", name)]["median"] <= 110
+
+
+def test_service_window_and_ratios():
+    beats = [  # t, lateness, rss, run ns, wait ns
+        1.0, 0.001, 10.0, 0.0, 0.0,
+        2.0, 0.004, 30.0, 0.5e9, 0.25e9,
+        3.0, 0.002, 20.0, 1.0e9, 0.5e9,
+        9.0, 5.000, 90.0, 1.0e9, 0.5e9,
+    ]
+    stall, rss, busy, cpu = _service._window(beats, 5, 0.5, 3.5)
+    assert (stall, rss) == (0.004, 30.0)
+    assert cpu == pytest.approx(0.5) and busy == pytest.approx(0.75)
+    with pytest.raises(RuntimeError):
+        _service._window(beats, 5, 3.5, 4.0)  # a window with no heartbeat
+    assert _service.paired_ratio([2, 4, 9], [1, 1, 3]) == 3
+    assert _service.paired_ratio([2, 4], [1, 1]) == 3
+    assert math.isnan(_service.paired_ratio([], []))
+
+
+def test_fd_limit_is_raised_for_the_sockets():
+    import resource
+
+    from bucketimer.bench import _service_wire
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        got = _service_wire.raise_fd_limit(soft + 100)
+        assert got == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if hard == resource.RLIM_INFINITY or hard >= soft + 100 + _service_wire.SPARE_FDS:
+            assert got >= soft + 100 + _service_wire.SPARE_FDS
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(
+            resource.RLIMIT_NOFILE)[1]))

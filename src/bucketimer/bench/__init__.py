@@ -76,10 +76,11 @@ def run(suite: str | Suite = "quick", *, groups: Sequence[str] | None = None,
 
     ``suite``: ``"smoke"`` (seconds), ``"quick"`` (< 30 s), ``"full"`` (a few
     minutes) or a :class:`Suite`.  ``groups``: a subset of
-    ``("pairs", "timeout", "lateness", "noloop", "core")``.  ``contenders``:
+    ``("pairs", "timeout", "lateness", "noloop", "core", "service")``.  ``contenders``:
     a subset of :data:`CONTENDERS` (``"bucketimer"`` must stay: it is every
     ratio's baseline).  ``progress``: a ``tqdm.auto`` bar when tqdm is
-    installed.  ``rounds`` overrides the suite's number of rounds.
+    installed.  ``rounds`` overrides the suite's number of rounds (of the
+    service rows too).
 
     Returns a pandas DataFrame (one row per workload x contender, with the
     round values in ``samples`` and metadata in ``.attrs``) when pandas is
@@ -89,7 +90,8 @@ def run(suite: str | Suite = "quick", *, groups: Sequence[str] | None = None,
     if rounds is not None:
         if rounds < 1:
             raise ValueError("rounds must be >= 1")
-        s = suite_by_name(s.name, rounds=rounds) if s.name in SUITES else s
+        s = (suite_by_name(s.name, rounds=rounds, service_rounds=rounds)
+             if s.name in SUITES else s)
     runner = Runner(s, groups=tuple(groups) if groups is not None else GROUPS,
                     contenders=contenders, progress=progress)
     t0 = time.perf_counter()

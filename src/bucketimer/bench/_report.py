@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
+from ._service import verdict as service_verdict
 
 _FANCY = {"mu": "\u00b5", "x": "\u00d7", "pm": "\u00b1", "down": "\u2193", "up": "\u2191"}
 _PLAIN = {"mu": "u", "x": "x", "pm": "+-", "down": "v", "up": "^"}
@@ -43,10 +44,12 @@ def format_value(value: float, unit: str, sym: dict[str, str] | None = None) -> 
         if a < 1e9:
             return f"{value / 1e6:.3g} ms"
         return f"{value / 1e9:.3g} s"
-    if unit == "pairs/s":
+    if unit in ("pairs/s", "req/s"):
         if value >= 1e6:
             return f"{value / 1e6:.3g}M/s"
         return f"{value / 1e3:.3g}k/s"
+    if unit == "%":
+        return f"{value:.0f}%"
     if unit == "x":
         return f"{value:.2f}{sym['x']}"
     if unit == "count":
@@ -72,7 +75,7 @@ def _cell(rec: dict[str, Any], sym: dict[str, str]) -> tuple[str, str]:
 
 
 # Fields only some records have: a DataFrame fills the others with NaN.
-_OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note")
+_OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note", "conns")
 
 
 def as_records(data: Any) -> list[dict[str, Any]]:
@@ -112,7 +115,7 @@ def format_table(data: Any, stream: Any = None) -> str:
     groups: list[str] = []
     group_of = {r["workload"]: r["group"] for r in recs}
     for workload, label, better in rows:
-        arrow = sym["down"] if better == "lower" else sym["up"]
+        arrow = {"lower": sym["down"], "higher": sym["up"]}.get(better, " ")
         line1 = [f"{arrow} {label}"]
         line2 = [""]
         for c in cols:
@@ -155,10 +158,16 @@ def format_table(data: Any, stream: Any = None) -> str:
                f"{sym['x']}N below it = that median / bucketimer's.")
     out.append(f"{sym['down']} lower is better, {sym['up']} higher is better.  Lateness = "
                "callback start - deadline (early fires: negative).")
+    if any(r["group"] == "service" for r in recs):
+        out.append("Service rows: a streams server on 127.0.0.1, one process per turn, "
+                   "under N connections of a load generator in another process; latency "
+                   "from the client, stall = the server's heartbeat lateness, busy = share "
+                   "of the window a process's loop thread ran or waited for a CPU.")
     out.append(f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
                f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one mutex "
                "around one binary heap.")
     out.extend(core_verdict(recs, machine))
+    out.extend(service_verdict(recs))
     load = machine.get("loadavg_before") or machine.get("loadavg")
     usable = machine.get("cpus_usable")
     if load and usable and load[0] > 0.5 * usable:
@@ -224,7 +233,7 @@ def write_json(data: Any, path: str) -> None:
 
 
 CSV_FIELDS = ["group", "workload", "label", "contender", "unit", "better", "rounds",
-              "per_round", "pending", "threads", "median", "p10", "p25", "p75", "p90",
+              "per_round", "pending", "threads", "conns", "median", "p10", "p25", "p75", "p90",
               "min", "max", "mean", "ratio", "total", "timers", "note", "samples"]
 MACHINE_FIELDS = ["suite", "platform", "cpu_model", "cpu_count", "cpus_usable", "python",
                   "bucketimer_version", "uvloop_version"]

@@ -31,6 +31,10 @@ class Suite:
     core_pairs: int  # pairs per thread per round, in C
     core_threads: tuple[int, ...]
     core_pending: int
+    service_conns: tuple[int, ...]  # concurrent connections of the service rows
+    service_rounds: int  # turns of each contender at each size
+    service_warmup: float  # s of load before the measured window
+    service_window: float  # s of the measured window
 
 
 SUITES: dict[str, Suite] = {
@@ -38,18 +42,24 @@ SUITES: dict[str, Suite] = {
     "smoke": Suite("smoke", rounds=3, pairs=1000, batch=250, pending=(0, 1000),
                    timeouts=300, late_timers=40, late_window=0.02, noloop_pairs=1000,
                    noloop_pending=1000, thread_timer_pairs=10, thread_timer_late=10,
-                   core_pairs=20_000, core_threads=(1, 2), core_pending=10_000),
+                   core_pairs=20_000, core_threads=(1, 2), core_pending=10_000,
+                   service_conns=(20,), service_rounds=2, service_warmup=0.1,
+                   service_window=0.3),
     # `--quick`: the whole table in well under 30 s.
     "quick": Suite("quick", rounds=5, pairs=20_000, batch=1000, pending=(0, 10_000, 100_000),
                    timeouts=5000, late_timers=300, late_window=0.1, noloop_pairs=10_000,
                    noloop_pending=10_000, thread_timer_pairs=100, thread_timer_late=50,
-                   core_pairs=300_000, core_threads=(1, 2, 4), core_pending=100_000),
+                   core_pairs=300_000, core_threads=(1, 2, 4), core_pending=100_000,
+                   service_conns=(100, 1000), service_rounds=3, service_warmup=0.2,
+                   service_window=0.5),
     # The default: a few minutes.
     "full": Suite("full", rounds=9, pairs=100_000, batch=1000,
                   pending=(0, 10_000, 1_000_000), timeouts=20_000, late_timers=2000,
                   late_window=0.3, noloop_pairs=50_000, noloop_pending=10_000,
                   thread_timer_pairs=300, thread_timer_late=200, core_pairs=2_000_000,
-                  core_threads=(1, 2, 4), core_pending=1_000_000),
+                  core_threads=(1, 2, 4), core_pending=1_000_000,
+                  service_conns=(100, 1000, 10_000), service_rounds=5, service_warmup=1.0,
+                  service_window=3.0),
 }
 
 

@@ -1,0 +1,246 @@
+"""The ``service`` group: a real service on 127.0.0.1 under load, per
+contender -- stock asyncio, uvloop, the drop-in loop on each, and
+bucketimer's ``timeout()`` helper on the stock loop -- at several numbers of
+concurrent connections: requests/s, client-side latency p50/p99, the
+server's worst loop stall, its RSS, and the CPU that the server and the
+load generator each used (docs/performance.rst, "The service benchmark").
+
+Each turn is a fresh server process (``_service_server``) and a fresh load
+generator process (``_service_client``); the contenders take turns round by
+round at each size, so that a drifting machine moves every column alike.
+"""
+
+from __future__ import annotations
+
+import math
+import selectors
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._contenders import ASYNCIO, BUCKETIMER, DROPIN, DROPIN_UV, UVLOOP, uvloop
+from ._records import count_label, make_record
+from ._service_wire import parse_result
+from ._suite import Suite, taking_turns
+
+if TYPE_CHECKING:
+    from ._runner import Runner
+
+# The service's contenders, in column order.
+SERVICE_CONTENDERS = (BUCKETIMER, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV)
+# Each bucketimer contender and the loop it runs on ("its host loop").
+HOSTS = {DROPIN: ASYNCIO, BUCKETIMER: ASYNCIO, DROPIN_UV: UVLOOP}
+START_LIMIT = 30.0  # s for a server to start listening
+STOP_LIMIT = 30.0  # s for a server to write its beats and exit
+MAX_REQUESTS = 5_000_000  # per measured window: bounds the client's memory
+MIB = 2.0**20
+# % of a window a server's loop must be busy for it to be the bottleneck
+BUSY = 90.0
+
+
+def contenders(want: set[str]) -> list[str]:
+    """The service contenders wanted and available here, in column order."""
+    have = [c for c in SERVICE_CONTENDERS if c in want]
+    if uvloop is None:
+        have = [c for c in have if c not in (UVLOOP, DROPIN_UV)]
+    return have
+
+
+@dataclass
+class Turn:
+    """One contender serving one load: what the client and the server saw."""
+
+    contender: str
+    conns: int
+    rps: float
+    p50_ns: float
+    p99_ns: float
+    stall_ns: float
+    rss_mib: float
+    # Over the window, the share of time the loop thread ran or waited for
+    # a CPU (``busy``), and ran (``cpu``): a server whose loop is busy all
+    # the time is the bottleneck, whatever the load generator does.
+    server_busy: float
+    server_cpu: float
+    client_busy: float
+    client_cpu: float
+    requests: int
+    errors: int
+
+
+def _module(name: str) -> list[str]:
+    return [sys.executable, "-m", f"bucketimer.bench.{name}"]
+
+
+def _read_port(server: subprocess.Popen[str], conns: int) -> int:
+    """The port of a server just started (its first line), within START_LIMIT."""
+    assert server.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(server.stdout, selectors.EVENT_READ)
+        if not sel.select(START_LIMIT):
+            raise RuntimeError("service server: no port within "
+                               f"{START_LIMIT:.0f} s")
+    line = server.stdout.readline()
+    if not line.startswith("PORT "):
+        raise RuntimeError(f"service server did not start: {line!r}")
+    fields = line.split()
+    port, sockets = int(fields[1]), int(fields[3])
+    if sockets < conns:
+        raise RuntimeError(f"the server may open only {sockets} sockets (RLIMIT_NOFILE), "
+                           f"fewer than {conns} connections")
+    return port
+
+
+def _window(beats: Sequence[float], fields: int, t0: float, t1: float
+            ) -> tuple[float, float, float, float]:
+    """(worst lateness in s, largest RSS in bytes, busy share, CPU share) of
+    the heartbeats that woke within [t0, t1]."""
+    rows = [beats[i:i + fields] for i in range(0, len(beats), fields)]
+    inside = [r for r in rows if t0 <= r[0] <= t1]
+    if len(inside) < 2:
+        raise RuntimeError(f"service server: {len(inside)} heartbeats in the window "
+                           "(the loop stalled for the whole window?)")
+    stall = max(r[1] for r in inside)
+    rss = max(r[2] for r in inside)
+    first, last = inside[0], inside[-1]
+    span_ns = (last[0] - first[0]) * 1e9
+    cpu = (last[3] - first[3]) / span_ns
+    busy = cpu + (last[4] - first[4]) / span_ns
+    return stall, rss, busy, cpu
+
+
+def run_turn(contender: str, conns: int, warmup: float, window: float,
+             max_requests: int = MAX_REQUESTS) -> Turn:
+    """A fresh server of ``contender`` under ``conns`` connections of a fresh
+    load generator: ``warmup`` s of load, then ``window`` s measured."""
+    budget = 2 * START_LIMIT + warmup + window
+    server = subprocess.Popen(
+        [*_module("_service_server"), "--contender", contender, "--conns", str(conns),
+         "--lifetime", str(budget + STOP_LIMIT)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = _read_port(server, conns)
+        client = subprocess.run(
+            [*_module("_service_client"), "--port", str(port), "--conns", str(conns),
+             "--warmup", str(warmup), "--duration", str(window),
+             "--max-requests", str(max_requests)],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=budget,
+            check=False)
+        if client.returncode:
+            raise RuntimeError(f"service client failed: {client.stderr[-2000:]}")
+        c = parse_result(client.stdout)
+        server.send_signal(signal.SIGTERM)
+        out, err = server.communicate(timeout=STOP_LIMIT)
+        if server.returncode:
+            raise RuntimeError(f"service server failed: {err[-2000:]}")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+    s = parse_result(out)
+    stall, rss, busy, cpu = _window(s["beats"], s["beat_fields"], c["t0"], c["t1"])
+    if c["conns"] != conns or c["lost"]:
+        raise RuntimeError(f"service client: {c['conns']} of {conns} connections, "
+                           f"{c['lost']} lost during the run")
+    return Turn(contender, conns, c["rps"], c["p50_ns"], c["p99_ns"], stall * 1e9,
+                rss / MIB, busy, cpu, c["busy"], c["cpu"], c["requests"], c["errors"])
+
+
+# (workload key, label, unit, better, the Turn field, scale)
+ROWS = (
+    ("rps", "service requests/s", "req/s", "higher", "rps", 1.0),
+    ("p50", "service latency p50", "ns", "lower", "p50_ns", 1.0),
+    ("p99", "service latency p99", "ns", "lower", "p99_ns", 1.0),
+    ("stall", "service worst loop stall", "ns", "lower", "stall_ns", 1.0),
+    ("rss", "service server RSS", "MiB", "lower", "rss_mib", 1.0),
+    ("server_busy", "service server busy", "%", "info", "server_busy", 100.0),
+    ("client_busy", "service client busy", "%", "info", "client_busy", 100.0),
+)
+
+
+def steps(runner: Runner) -> int:
+    s = runner.suite
+    return len(s.service_conns) * s.service_rounds * len(contenders(runner.want))
+
+
+def measure(suite: Suite, names: Sequence[str], step: Any = None
+            ) -> dict[tuple[str, int], list[Turn]]:
+    """Every contender of ``names`` at every size of ``suite``, taking turns
+    round by round; the turns of each (contender, size) in round order."""
+    turns: dict[tuple[str, int], list[Turn]] = {}
+    for conns in suite.service_conns:
+        for name in taking_turns(list(names), suite.service_rounds):
+            t = run_turn(name, conns, suite.service_warmup, suite.service_window)
+            if t.errors:
+                raise RuntimeError(f"service {name}: {t.errors} wrong responses")
+            turns.setdefault((name, conns), []).append(t)
+            if step is not None:
+                step(f"service {count_label(conns)} {name}")
+    return turns
+
+
+def run(runner: Runner) -> None:
+    names = contenders(runner.want)
+    if BUCKETIMER not in names:  # the runner insists on it; keep it first
+        return
+    turns = measure(runner.suite, names, runner.step)
+    for conns in runner.suite.service_conns:
+        for key, label, unit, better, field, scale in ROWS:
+            for name in names:
+                ts = turns[(name, conns)]
+                runner.add(make_record(
+                    "service", f"service_{key}@{conns}", f"{label}, {count_label(conns)} conns",
+                    name, unit, better, [getattr(t, field) * scale for t in ts],
+                    per_round=sum(t.requests for t in ts) // len(ts), pending=None,
+                    conns=conns, cpu=[t.server_cpu if "client" not in key else t.client_cpu
+                                      for t in ts] if key.endswith("busy") else None))
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """The median over rounds of a[i] / b[i] (the turns of one round were
+    taken moments apart)."""
+    r = sorted(x / y for x, y in zip(a, b) if y and not math.isnan(x) and not math.isnan(y))
+    if not r:
+        return math.nan
+    mid = len(r) // 2
+    return r[mid] if len(r) % 2 else (r[mid - 1] + r[mid]) / 2
+
+
+def verdict(recs: list[dict[str, Any]]) -> list[str]:
+    """Lines under the table: each bucketimer contender against its host
+    loop at each size (medians of per-round ratios), and whether the server
+    or the load generator was the bottleneck."""
+    by = {(r["workload"], r["contender"]): r for r in recs if r["group"] == "service"}
+    sizes = sorted({r["conns"] for r in recs if r["group"] == "service"})
+    lines = []
+    for conns in sizes:
+        parts = []
+        for ours, host in HOSTS.items():
+            rps = [by.get((f"service_{k}@{conns}", c)) for k in ("rps", "p99", "stall")
+                   for c in (ours, host)]
+            if any(r is None for r in rps):
+                continue
+            gain = paired_ratio(rps[0]["samples"], rps[1]["samples"]) - 1  # type: ignore[index]
+            p99 = paired_ratio(rps[2]["samples"], rps[3]["samples"])  # type: ignore[index]
+            stall = paired_ratio(rps[4]["samples"], rps[5]["samples"])  # type: ignore[index]
+            what = "timeout()" if ours == BUCKETIMER else ours
+            parts.append(f"{what} {gain:+.0%} req/s vs {host} (p99 {p99:.2f}x, "
+                         f"stall {stall:.2f}x)")
+        if parts:
+            lines.append(f"service, {count_label(conns)} conns: " + "; ".join(parts) + ".")
+    server = [x for r in recs if r["workload"].startswith("service_server_busy@")
+              for x in r["samples"]]
+    client = [x for r in recs if r["workload"].startswith("service_client_busy@")
+              for x in r["samples"]]
+    if server and client:
+        lines.append(
+            f"service: in the measured windows the server's loop thread ran or waited for "
+            f"a CPU {min(server):.0f}-{max(server):.0f}% of the time, the load generator's "
+            f"{min(client):.0f}-{max(client):.0f}%: "
+            + ("the server was the bottleneck of every turn." if min(server) >= BUSY
+               else "in some turns the server waited for the load generator: those "
+                    "figures understate what the server can do."))
+    return lines
