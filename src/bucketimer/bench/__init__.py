@@ -76,7 +76,7 @@ def run(suite: str | Suite = "quick", *, groups: Sequence[str] | None = None,
 
     ``suite``: ``"smoke"`` (seconds), ``"quick"`` (< 30 s), ``"full"`` (a few
     minutes) or a :class:`Suite`.  ``groups``: a subset of
-    ``("pairs", "timeout", "lateness", "noloop", "core", "service")``.  ``contenders``:
+    ``("pairs", "timeout", "lateness", "noloop", "core", "reset", "service")``.  ``contenders``:
     a subset of :data:`CONTENDERS` (``"bucketimer"`` must stay: it is every
     ratio's baseline).  ``progress``: a ``tqdm.auto`` bar when tqdm is
     installed.  ``rounds`` overrides the suite's number of rounds (of the

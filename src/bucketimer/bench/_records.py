@@ -82,7 +82,7 @@ def make_record(group: str, workload: str, label: str, contender: str, unit: str
 
 
 # Units whose cells have no ratio to the bucketimer column.
-NO_RATIO_UNITS = ("x", "count", "%")
+NO_RATIO_UNITS = ("x", "count", "%", "blocks", "entries")
 
 
 def add_ratios(records: list[dict[str, Any]]) -> None:

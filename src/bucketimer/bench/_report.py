@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
+from ._resets import verdict as reset_verdict
 from ._service import verdict as service_verdict
 
 _FANCY = {"mu": "\u00b5", "x": "\u00d7", "pm": "\u00b1", "down": "\u2193", "up": "\u2191"}
@@ -75,7 +76,7 @@ def _cell(rec: dict[str, Any], sym: dict[str, str]) -> tuple[str, str]:
 
 
 # Fields only some records have: a DataFrame fills the others with NaN.
-_OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note", "conns")
+_OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note", "conns", "pair")
 
 
 def as_records(data: Any) -> list[dict[str, Any]]:
@@ -167,6 +168,7 @@ def format_table(data: Any, stream: Any = None) -> str:
                f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one mutex "
                "around one binary heap.")
     out.extend(core_verdict(recs, machine))
+    out.extend(reset_verdict(recs))
     out.extend(service_verdict(recs))
     load = machine.get("loadavg_before") or machine.get("loadavg")
     usable = machine.get("cpus_usable")

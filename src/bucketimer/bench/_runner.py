@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from . import _lateness, _native, _noloop, _pairs, _service, _timeouts
+from . import _lateness, _native, _noloop, _pairs, _resets, _service, _timeouts
 from ._contenders import BUCKETIMER, CONTENDERS, UVLOOP, LoopFactory, loop_factories
 from ._records import add_ratios
 from ._suite import Suite
@@ -23,6 +23,7 @@ _GROUP_MODULES: dict[str, ModuleType] = {
     "lateness": _lateness,
     "noloop": _noloop,
     "core": _native,
+    "reset": _resets,
     "service": _service,
 }
 GROUPS = tuple(_GROUP_MODULES)
