@@ -303,22 +303,25 @@ def test_service_smoke_serves_real_requests(tmp_path):
         assert by[("service_p50@20", name)]["median"] < 20 / rps["median"] * 1e9 * 3
         assert all(0 <= x < 5e9 for x in by[("service_stall@20", name)]["samples"])
         assert 5 < by[("service_rss@20", name)]["median"] < 2000  # MiB
+        # Per CPU-second of the server it answers at least as many as per second.
+        assert by[("service_rps_cpu@20", name)]["median"] >= rps["median"] * 0.9
         assert 0 < by[("service_server_busy@20", name)]["median"] <= 110
         assert 0 < by[("service_client_busy@20", name)]["median"] <= 110
 
 
 def test_service_window_and_ratios():
-    beats = [  # t, lateness, rss, run ns, wait ns
-        1.0, 0.001, 10.0, 0.0, 0.0,
-        2.0, 0.004, 30.0, 0.5e9, 0.25e9,
-        3.0, 0.002, 20.0, 1.0e9, 0.5e9,
-        9.0, 5.000, 90.0, 1.0e9, 0.5e9,
+    beats = [  # t, lateness, rss, run ns, wait ns, process CPU s
+        1.0, 0.001, 10.0, 0.0, 0.0, 0.0,
+        2.0, 0.004, 30.0, 0.5e9, 0.25e9, 0.6,
+        3.0, 0.002, 20.0, 1.0e9, 0.5e9, 1.2,
+        9.0, 5.000, 90.0, 1.0e9, 0.5e9, 1.2,
     ]
-    stall, rss, busy, cpu = _service._window(beats, 5, 0.5, 3.5)
+    stall, rss, busy, cpu, process_cpu = _service._window(beats, 6, 0.5, 3.5)
     assert (stall, rss) == (0.004, 30.0)
     assert cpu == pytest.approx(0.5) and busy == pytest.approx(0.75)
+    assert process_cpu == pytest.approx(0.6)
     with pytest.raises(RuntimeError):
-        _service._window(beats, 5, 3.5, 4.0)  # a window with no heartbeat
+        _service._window(beats, 6, 3.5, 4.0)  # a window with no heartbeat
     assert _service.paired_ratio([2, 4, 9], [1, 1, 3]) == 3
     assert _service.paired_ratio([2, 4], [1, 1]) == 3
     assert math.isnan(_service.paired_ratio([], []))

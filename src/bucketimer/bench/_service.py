@@ -37,6 +37,10 @@ START_LIMIT = 30.0  # s for a server to start listening
 STOP_LIMIT = 30.0  # s for a server to write its beats and exit
 MAX_REQUESTS = 5_000_000  # per measured window: bounds the client's memory
 MIB = 2.0**20
+# Under N connections a saturated loop answers in waves of about N
+# requests: warm-up and window grow with N so that the window holds several.
+WARMUP_PER_CONN = 0.0002  # s
+WINDOW_PER_CONN = 0.0005  # s
 # % of a window a server's loop must be busy for it to be the bottleneck
 BUSY = 90.0
 
@@ -56,6 +60,9 @@ class Turn:
     contender: str
     conns: int
     rps: float
+    # requests per CPU-second of the server process (every thread): what a
+    # request costs the server, whatever share of a CPU the machine gave it
+    rps_per_cpu: float
     p50_ns: float
     p99_ns: float
     stall_ns: float
@@ -69,6 +76,7 @@ class Turn:
     client_cpu: float
     requests: int
     errors: int
+    paced: float  # share of connections answered twice or more in the window
 
 
 def _module(name: str) -> list[str]:
@@ -95,9 +103,10 @@ def _read_port(server: subprocess.Popen[str], conns: int) -> int:
 
 
 def _window(beats: Sequence[float], fields: int, t0: float, t1: float
-            ) -> tuple[float, float, float, float]:
-    """(worst lateness in s, largest RSS in bytes, busy share, CPU share) of
-    the heartbeats that woke within [t0, t1]."""
+            ) -> tuple[float, float, float, float, float]:
+    """(worst lateness in s, largest RSS in bytes, the loop thread's busy
+    share and CPU share, the process's CPU share) of the heartbeats that woke
+    within [t0, t1]."""
     rows = [beats[i:i + fields] for i in range(0, len(beats), fields)]
     inside = [r for r in rows if t0 <= r[0] <= t1]
     if len(inside) < 2:
@@ -109,7 +118,8 @@ def _window(beats: Sequence[float], fields: int, t0: float, t1: float
     span_ns = (last[0] - first[0]) * 1e9
     cpu = (last[3] - first[3]) / span_ns
     busy = cpu + (last[4] - first[4]) / span_ns
-    return stall, rss, busy, cpu
+    process_cpu = (last[5] - first[5]) / (last[0] - first[0])
+    return stall, rss, busy, cpu, process_cpu
 
 
 def run_turn(contender: str, conns: int, warmup: float, window: float,
@@ -141,17 +151,20 @@ def run_turn(contender: str, conns: int, warmup: float, window: float,
             server.kill()
             server.communicate()
     s = parse_result(out)
-    stall, rss, busy, cpu = _window(s["beats"], s["beat_fields"], c["t0"], c["t1"])
+    stall, rss, busy, cpu, process_cpu = _window(s["beats"], s["beat_fields"], c["t0"],
+                                                 c["t1"])
     if c["conns"] != conns or c["lost"]:
         raise RuntimeError(f"service client: {c['conns']} of {conns} connections, "
                            f"{c['lost']} lost during the run")
-    return Turn(contender, conns, c["rps"], c["p50_ns"], c["p99_ns"], stall * 1e9,
-                rss / MIB, busy, cpu, c["busy"], c["cpu"], c["requests"], c["errors"])
+    return Turn(contender, conns, c["rps"], c["rps"] / process_cpu, c["p50_ns"], c["p99_ns"], stall * 1e9,
+                rss / MIB, busy, cpu, c["busy"], c["cpu"], c["requests"], c["errors"],
+                c["paced"] / conns)
 
 
 # (workload key, label, unit, better, the Turn field, scale)
 ROWS = (
     ("rps", "service requests/s", "req/s", "higher", "rps", 1.0),
+    ("rps_cpu", "  requests per server CPU-second", "req/s", "higher", "rps_per_cpu", 1.0),
     ("p50", "service latency p50", "ns", "lower", "p50_ns", 1.0),
     ("p99", "service latency p99", "ns", "lower", "p99_ns", 1.0),
     ("stall", "service worst loop stall", "ns", "lower", "stall_ns", 1.0),
@@ -166,16 +179,22 @@ def steps(runner: Runner) -> int:
     return len(s.service_conns) * s.service_rounds * len(contenders(runner.want))
 
 
-def measure(suite: Suite, names: Sequence[str], step: Any = None
+def measure(suite: Suite, names: Sequence[str], step: Any = None, notes: list[str] | None = None
             ) -> dict[tuple[str, int], list[Turn]]:
     """Every contender of ``names`` at every size of ``suite``, taking turns
     round by round; the turns of each (contender, size) in round order."""
     turns: dict[tuple[str, int], list[Turn]] = {}
     for conns in suite.service_conns:
+        warmup = max(suite.service_warmup, conns * WARMUP_PER_CONN)
+        window = max(suite.service_window, conns * WINDOW_PER_CONN)
         for name in taking_turns(list(names), suite.service_rounds):
-            t = run_turn(name, conns, suite.service_warmup, suite.service_window)
+            t = run_turn(name, conns, warmup, window)
             if t.errors:
                 raise RuntimeError(f"service {name}: {t.errors} wrong responses")
+            if t.paced < 0.9 and notes is not None:
+                notes.append(f"service {name}, {count_label(conns)} conns: only "
+                             f"{t.paced:.0%} of the connections were answered twice in the "
+                             f"{window:.1f} s window; its requests/s is extrapolated from them")
             turns.setdefault((name, conns), []).append(t)
             if step is not None:
                 step(f"service {count_label(conns)} {name}")
@@ -186,7 +205,7 @@ def run(runner: Runner) -> None:
     names = contenders(runner.want)
     if BUCKETIMER not in names:  # the runner insists on it; keep it first
         return
-    turns = measure(runner.suite, names, runner.step)
+    turns = measure(runner.suite, names, runner.step, runner.notes)
     for conns in runner.suite.service_conns:
         for key, label, unit, better, field, scale in ROWS:
             for name in names:
@@ -219,16 +238,17 @@ def verdict(recs: list[dict[str, Any]]) -> list[str]:
     for conns in sizes:
         parts = []
         for ours, host in HOSTS.items():
-            rps = [by.get((f"service_{k}@{conns}", c)) for k in ("rps", "p99", "stall")
-                   for c in (ours, host)]
-            if any(r is None for r in rps):
+            pair = {k: (by.get((f"service_{k}@{conns}", ours)),
+                        by.get((f"service_{k}@{conns}", host)))
+                    for k in ("rps", "rps_cpu", "p99", "stall")}
+            if any(a is None or b is None for a, b in pair.values()):
                 continue
-            gain = paired_ratio(rps[0]["samples"], rps[1]["samples"]) - 1  # type: ignore[index]
-            p99 = paired_ratio(rps[2]["samples"], rps[3]["samples"])  # type: ignore[index]
-            stall = paired_ratio(rps[4]["samples"], rps[5]["samples"])  # type: ignore[index]
+            ratio = {k: paired_ratio(a["samples"], b["samples"])  # type: ignore[index]
+                     for k, (a, b) in pair.items()}
             what = "timeout()" if ours == BUCKETIMER else ours
-            parts.append(f"{what} {gain:+.0%} req/s vs {host} (p99 {p99:.2f}x, "
-                         f"stall {stall:.2f}x)")
+            parts.append(f"{what} {ratio['rps'] - 1:+.0%} req/s ({ratio['rps_cpu'] - 1:+.0%} "
+                         f"per server CPU-s) vs {host}, p99 {ratio['p99']:.2f}x, "
+                         f"stall {ratio['stall']:.2f}x")
         if parts:
             lines.append(f"service, {count_label(conns)} conns: " + "; ".join(parts) + ".")
     server = [x for r in recs if r["workload"].startswith("service_server_busy@")

@@ -40,8 +40,8 @@ IDLE_TIMEOUT = 30.0  # s without a request before a connection is closed
 REQUEST_TIMEOUT = 10.0  # s a request may take
 BEAT = 0.010  # s between two heartbeats
 # wake-up time (s), lateness (s), RSS (bytes), the loop thread's time on a
-# CPU and waiting for one (ns)
-BEAT_FIELDS = 5
+# CPU and waiting for one (ns), the process's CPU time (s, every thread)
+BEAT_FIELDS = 6
 
 TimeoutFn = Callable[[float], AbstractAsyncContextManager[Any]]
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
@@ -77,8 +77,8 @@ async def heartbeat(beats: array[float], interval: float = BEAT) -> None:
     """Sleeps ``interval`` over and over and records, per wake-up, its time
     (time.monotonic, the clock the client's window is in), how late it woke
     (the longest callback or loop iteration in between), the RSS, and the
-    loop thread's time on and waiting for a CPU."""
-    mono = time.monotonic
+    loop thread's time on and waiting for a CPU, and the process's CPU time."""
+    mono, process_time = time.monotonic, time.process_time
     page = os.sysconf("SC_PAGE_SIZE")
     statm = os.open("/proc/self/statm", os.O_RDONLY)
     clock = ThreadClock()  # this task runs on the loop's thread
@@ -89,7 +89,8 @@ async def heartbeat(beats: array[float], interval: float = BEAT) -> None:
             t1 = mono()
             rss = int(os.pread(statm, 128, 0).split()[1]) * page
             run, wait = clock.read()
-            beats.extend((t1, t1 - t0 - interval, float(rss), float(run), float(wait)))
+            beats.extend((t1, t1 - t0 - interval, float(rss), float(run), float(wait),
+                          process_time()))
     finally:
         os.close(statm)
         clock.close()
