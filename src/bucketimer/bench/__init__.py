@@ -74,8 +74,8 @@ def run(suite: str | Suite = "quick", *, groups: Sequence[str] | None = None,
         rounds: int | None = None, as_frame: bool | None = None) -> Any:
     """Runs the benchmark suite and returns its records.
 
-    ``suite``: ``"smoke"`` (seconds), ``"quick"`` (< 30 s), ``"full"`` (a few
-    minutes) or a :class:`Suite`.  ``groups``: a subset of
+    ``suite``: ``"smoke"`` (seconds), ``"quick"`` (< 1 min), ``"full"`` (about
+    ten minutes) or a :class:`Suite`.  ``groups``: a subset of
     ``("pairs", "timeout", "lateness", "noloop", "core", "reset", "service")``.  ``contenders``:
     a subset of :data:`CONTENDERS` (``"bucketimer"`` must stay: it is every
     ratio's baseline).  ``progress``: a ``tqdm.auto`` bar when tqdm is

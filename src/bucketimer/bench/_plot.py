@@ -16,7 +16,8 @@ from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
 from ._records import count_label
 from ._report import as_records, format_value, meta_of
 
-PANELS = ("pairs", "timeout", "lateness", "cdf", "noloop", "core")
+PANELS = ("pairs", "timeout", "lateness", "cdf", "noloop", "core", "reset", "service",
+          "service_tail")
 
 COLORS = {
     "bucketimer": "#1f77b4",
@@ -183,6 +184,62 @@ def panel_core(ax: Any, recs: list[dict[str, Any]]) -> None:
     ax.legend()
 
 
+def panel_reset(ax: Any, recs: list[dict[str, Any]]) -> None:
+    """ns per deadline reset, the two kinds at each pending level."""
+    rows = [r for r in _by(recs, group="reset") if r["unit"] == "ns"]
+    workloads = sorted({r["workload"] for r in rows},
+                       key=lambda w: (int(w.split("@")[1]), w))
+    labels = [("reschedule()" if w.startswith("reset_timeout") else "cancel + re-arm")
+              + f"\n{count_label(int(w.split('@')[1]))} pending" for w in workloads]
+    allv = _bars(ax, rows, workloads, labels)
+    _ns_axis(ax, allv, "time per reset (median)", log=bool(allv))
+    ax.set_title("moving a pending deadline")
+
+
+def _service_lines(ax: Any, recs: list[dict[str, Any]], key: str, scale: float = 1.0,
+                   style: str = "-") -> list[float]:
+    from matplotlib.ticker import NullLocator
+
+    rows = [r for r in _by(recs, group="service") if r["workload"].startswith(f"service_{key}@")]
+    allv = []
+    for c in _contenders(rows):
+        pts = sorted(_by(rows, contender=c), key=lambda r: r["conns"])
+        xs = [r["conns"] for r in pts]
+        ys = [r["median"] * scale for r in pts]
+        allv += ys
+        err = [[e * scale for e in side] for side in _err(pts)]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle=style,
+                    label=c if style == "-" else None, color=COLORS.get(c))
+    if rows:
+        sizes = sorted({r["conns"] for r in rows})
+        ax.set_xscale("log")
+        ax.set_xlim(sizes[0] / 1.6, sizes[-1] * 1.6)
+        ax.set_xticks(sizes, [count_label(n) for n in sizes])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("concurrent connections")
+    ax.grid(True, which="both", alpha=0.3)
+    return allv
+
+
+def panel_service(ax: Any, recs: list[dict[str, Any]]) -> None:
+    """Requests/s against connections, one line per contender."""
+    _service_lines(ax, recs, "rps", 1e-3)
+    ax.set_ylabel("requests/s, thousands (median)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("a streams server on 127.0.0.1")
+    ax.legend(fontsize="small")
+
+
+def panel_service_tail(ax: Any, recs: list[dict[str, Any]]) -> None:
+    """Client-side p99 latency (solid) and the server's worst loop stall
+    (dashed) against connections."""
+    allv = _service_lines(ax, recs, "p99")
+    allv += _service_lines(ax, recs, "stall", style="--")
+    _ns_axis(ax, allv, "p99 latency (solid), worst loop stall (dashed)", log=True)
+    ax.set_title("the service's tail")
+    ax.legend(fontsize="small")
+
+
 def hist_of(obj: Any) -> list[int]:
     """48 log2-ns lateness buckets from a TimerThread, a stats() dict, or a
     sequence of counts."""
@@ -245,6 +302,9 @@ _PANEL_FUNCS = {
     "cdf": panel_cdf,
     "noloop": panel_noloop,
     "core": panel_core,
+    "reset": panel_reset,
+    "service": panel_service,
+    "service_tail": panel_service_tail,
 }
 
 
@@ -253,8 +313,10 @@ def plot(data: Any, panels: Sequence[str] | str | None = None, ncols: int = 3) -
 
     ``panels``: any of ``"pairs"`` (time per pair against pending timers),
     ``"timeout"``, ``"lateness"`` (p50/p99/max), ``"cdf"`` (lateness CDF),
-    ``"noloop"`` and ``"core"`` (native pairs/s against threads); default:
-    every panel the records have data for.
+    ``"noloop"``, ``"core"`` (native pairs/s against threads), ``"reset"``
+    (time per deadline reset), ``"service"`` (requests/s against
+    connections) and ``"service_tail"`` (p99 latency and worst loop stall
+    against connections); default: every panel the records have data for.
     """
     recs = as_records(data)
     if isinstance(panels, str):
@@ -262,7 +324,8 @@ def plot(data: Any, panels: Sequence[str] | str | None = None, ncols: int = 3) -
     if panels is None:
         groups = {r["group"] for r in recs}
         want = {"pairs": "pairs", "timeout": "timeout", "lateness": "lateness",
-                "cdf": "lateness", "noloop": "noloop", "core": "core"}
+                "cdf": "lateness", "noloop": "noloop", "core": "core", "reset": "reset",
+                "service": "service", "service_tail": "service"}
         panels = [p for p in PANELS if want[p] in groups]
     unknown = [p for p in panels if p not in _PANEL_FUNCS]
     if unknown:
