@@ -83,17 +83,24 @@ def _module(name: str) -> list[str]:
     return [sys.executable, "-m", f"bucketimer.bench.{name}"]
 
 
+def _expect(proc: subprocess.Popen[str], word: str, what: str) -> str:
+    """The next line of ``proc``'s stdout, which must start with ``word``,
+    within START_LIMIT."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(START_LIMIT):
+            raise RuntimeError(f"{what}: nothing within {START_LIMIT:.0f} s")
+    line = proc.stdout.readline()
+    if not line.startswith(word):
+        err = proc.stderr.read()[-2000:] if proc.stderr is not None and proc.poll() else ""
+        raise RuntimeError(f"{what}: {line!r} {err}")
+    return line
+
+
 def _read_port(server: subprocess.Popen[str], conns: int) -> int:
     """The port of a server just started (its first line), within START_LIMIT."""
-    assert server.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(server.stdout, selectors.EVENT_READ)
-        if not sel.select(START_LIMIT):
-            raise RuntimeError("service server: no port within "
-                               f"{START_LIMIT:.0f} s")
-    line = server.stdout.readline()
-    if not line.startswith("PORT "):
-        raise RuntimeError(f"service server did not start: {line!r}")
+    line = _expect(server, "PORT ", "service server: starting")
     fields = line.split()
     port, sockets = int(fields[1]), int(fields[3])
     if sockets < conns:
@@ -131,25 +138,29 @@ def run_turn(contender: str, conns: int, warmup: float, window: float,
         [*_module("_service_server"), "--contender", contender, "--conns", str(conns),
          "--lifetime", str(budget + STOP_LIMIT)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client: subprocess.Popen[str] | None = None
     try:
         port = _read_port(server, conns)
-        client = subprocess.run(
+        client = subprocess.Popen(
             [*_module("_service_client"), "--port", str(port), "--conns", str(conns),
              "--warmup", str(warmup), "--duration", str(window),
-             "--max-requests", str(max_requests)],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=budget,
-            check=False)
+             "--max-requests", str(max_requests), "--wait-go"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _expect(client, "CONNECTED", "service client: connecting")
+        _expect(server, "READY", "service server: accepting the connections")
+        out, err = client.communicate("GO\n", timeout=budget)
         if client.returncode:
-            raise RuntimeError(f"service client failed: {client.stderr[-2000:]}")
-        c = parse_result(client.stdout)
+            raise RuntimeError(f"service client failed: {err[-2000:]}")
+        c = parse_result(out)
         server.send_signal(signal.SIGTERM)
         out, err = server.communicate(timeout=STOP_LIMIT)
         if server.returncode:
             raise RuntimeError(f"service server failed: {err[-2000:]}")
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.communicate()
+        for proc in (client, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     s = parse_result(out)
     stall, rss, busy, cpu, process_cpu = _window(s["beats"], s["beat_fields"], c["t0"],
                                                  c["t1"])

@@ -47,14 +47,18 @@ TimeoutFn = Callable[[float], AbstractAsyncContextManager[Any]]
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
 
 
-def connection_handler(timeout: TimeoutFn) -> Handler:
-    """The server's code for one connection, written as a service would."""
+def connection_handler(timeout: TimeoutFn, on_open: Callable[[], None] | None = None
+                       ) -> Handler:
+    """The server's code for one connection, written as a service would;
+    ``on_open()`` is called as each connection's handler starts."""
 
     async def respond(line: bytes) -> bytes:
         return RESPONSE_PREFIX + line[len(REQUEST_PREFIX):]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()
+        if on_open is not None:
+            on_open()
         try:
             async with timeout(IDLE_TIMEOUT) as idle:
                 while True:
@@ -109,7 +113,16 @@ async def serve(contender: str, conns: int, lifetime: float) -> dict[str, Any]:
     loop.add_signal_handler(signal.SIGTERM, done)
     # Bounded even if the parent never signals.
     loop.call_later(lifetime, done)
-    server = await asyncio.start_server(connection_handler(timeout), HOST, 0,
+    opened = [0]
+
+    def on_open() -> None:
+        # Under load uvloop admits one new connection per loop iteration:
+        # the load starts only once every connection is being served.
+        opened[0] += 1
+        if opened[0] == conns:
+            print("READY", flush=True)
+
+    server = await asyncio.start_server(connection_handler(timeout, on_open), HOST, 0,
                                         backlog=min(conns, 4096))
     port = server.sockets[0].getsockname()[1]
     beats: array[float] = array("d")
