@@ -204,14 +204,14 @@ def _service_lines(ax: Any, recs: list[dict[str, Any]], key: str, scale: float =
     allv = []
     for c in _contenders(rows):
         pts = sorted(_by(rows, contender=c), key=lambda r: r["conns"])
-        xs = [r["conns"] for r in pts]
+        xs = [int(r["conns"]) for r in pts]
         ys = [r["median"] * scale for r in pts]
         allv += ys
         err = [[e * scale for e in side] for side in _err(pts)]
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle=style,
                     label=c if style == "-" else None, color=COLORS.get(c))
     if rows:
-        sizes = sorted({r["conns"] for r in rows})
+        sizes = sorted({int(r["conns"]) for r in rows})  # floats in a DataFrame
         ax.set_xscale("log")
         ax.set_xlim(sizes[0] / 1.6, sizes[-1] * 1.6)
         ax.set_xticks(sizes, [count_label(n) for n in sizes])

@@ -16,8 +16,11 @@ from ._contenders import BUCKETIMER
 HIST_BUCKETS = 48
 
 
-def count_label(n: int) -> str:
-    """1000000 -> '1M', 10000 -> '10k'."""
+def count_label(n: float) -> str:
+    """1000000 -> '1M', 10000 -> '10k' (a whole float too: a DataFrame's
+    column of counts with gaps holds floats)."""
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
     for div, suffix in ((1_000_000, "M"), (1000, "k")):
         if n >= div and n % div == 0:
             return f"{n // div}{suffix}"

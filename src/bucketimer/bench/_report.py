@@ -141,7 +141,9 @@ def format_table(data: Any, stream: Any = None) -> str:
     out = []
     title = "bucketimer.bench"
     if suite:
-        title += f" ({suite.get('name')} suite, {suite.get('rounds')} rounds)"
+        service = (f", {suite.get('service_rounds')} of the service"
+                   if any(r["group"] == "service" for r in recs) else "")
+        title += f" ({suite.get('name')} suite, {suite.get('rounds')} rounds{service})"
     if machine:
         title += (f" -- Python {machine.get('python')}, {machine.get('cpus_usable')} CPUs, "
                   f"{machine.get('cpu_model') or machine.get('machine')}")

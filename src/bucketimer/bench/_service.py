@@ -244,7 +244,7 @@ def verdict(recs: list[dict[str, Any]]) -> list[str]:
     loop at each size (medians of per-round ratios), and whether the server
     or the load generator was the bottleneck."""
     by = {(r["workload"], r["contender"]): r for r in recs if r["group"] == "service"}
-    sizes = sorted({r["conns"] for r in recs if r["group"] == "service"})
+    sizes = sorted({int(r["conns"]) for r in recs if r["group"] == "service"})
     lines = []
     for conns in sizes:
         parts = []
