@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from conftest import HOST_LOOPS, LOOP_KINDS
+from _kinds import HOST_LOOPS, LOOP_KINDS
 
 import bucketimer
 from bucketimer.bench import _loopload, _timeouts

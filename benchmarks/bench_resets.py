@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 import pytest
-from conftest import LOOP_KINDS
+from _kinds import LOOP_KINDS
 
 from bucketimer.bench import _resets
 from bucketimer.bench._pairs import fill, settle

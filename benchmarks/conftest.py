@@ -7,14 +7,9 @@ import asyncio
 from collections.abc import Callable, Iterator
 
 import pytest
+from _kinds import LOOP_KINDS
 
 from bucketimer.bench import _contenders as c
-
-# The loop kinds of these benchmarks' ids, as the kit's contenders.
-LOOP_KINDS = {"asyncio": c.ASYNCIO, "bucketimer-loop": c.DROPIN}
-if c.uvloop is not None:
-    LOOP_KINDS.update({"uvloop": c.UVLOOP, "bucketimer-uvloop": c.DROPIN_UV})
-HOST_LOOPS = ["asyncio"] + (["uvloop"] if c.uvloop is not None else [])
 
 
 @pytest.fixture
