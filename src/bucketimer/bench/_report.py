@@ -166,9 +166,10 @@ def format_table(data: Any, stream: Any = None) -> str:
                    "under N connections of a load generator in another process; latency "
                    "from the client, stall = the server's heartbeat lateness, busy = share "
                    "of the window a process's loop thread ran or waited for a CPU.")
-    out.append(f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
-               f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one mutex "
-               "around one binary heap.")
+    if any(r["group"] == "core" for r in recs):
+        out.append(f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
+                   f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one "
+                   "mutex around one binary heap.")
     out.extend(core_verdict(recs, machine))
     out.extend(reset_verdict(recs))
     out.extend(service_verdict(recs))
