@@ -241,7 +241,7 @@ def panel_service_tail(ax: Any, recs: list[dict[str, Any]]) -> None:
 
 
 def hist_of(obj: Any) -> list[int]:
-    """48 log2-ns lateness buckets from a TimerThread, a stats() dict, or a
+    """The log2-ns lateness buckets (``_core.HIST_BUCKETS``) from a TimerThread, a stats() dict, or a
     sequence of counts."""
     if hasattr(obj, "stats") and callable(obj.stats):
         obj = obj.stats()
@@ -352,7 +352,7 @@ def plot(data: Any, panels: Sequence[str] | str | None = None, ncols: int = 3) -
 def plot_lateness(stats_or_tt: Any, cdf: bool = True, label: str = "bucketimer") -> Any:
     """Histogram (and CDF) of firing lateness from a TimerThread's ``stats()``.
 
-    Accepts a TimerThread, its ``stats()`` dict, a sequence of the 48 log2-ns
+    Accepts a TimerThread, its ``stats()`` dict, a sequence of the log2-ns
     counts, or a mapping of names to any of those (overlaid).  Bucket i counts
     lateness in [2^(i-1), 2^i) ns.
     """

@@ -10,10 +10,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._core import HIST_BUCKETS as HIST_BUCKETS  # of stats()["lateness_hist"]
 from ._contenders import BUCKETIMER
-
-# Buckets of the core's lateness histogram (``stats()["lateness_hist"]``).
-HIST_BUCKETS = 48
 
 
 def count_label(n: float) -> str:
