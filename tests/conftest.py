@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
-from _helpers import wait_until
+from _helpers import cffi_core as _new_cffi_core
+from _helpers import destroy_cffi_core, wait_until
 from hypothesis import HealthCheck, settings
 
 import bucketimer
@@ -79,6 +80,22 @@ def tt() -> Iterator[bucketimer.TimerThread]:
         yield timer_thread
     finally:
         timer_thread.close()
+
+
+@pytest.fixture
+def cffi_core() -> Iterator[Callable[..., Any]]:
+    """``cffi_core(**options)``: a ``bt_timer_thread *`` made through
+    ``bucketimer._cffi`` (bt_options_init's defaults, ``options`` on top),
+    stopped and destroyed after the test."""
+    made: list[Any] = []
+
+    def make(**options: int) -> Any:
+        made.append(_new_cffi_core(**options))
+        return made[-1]
+
+    yield make
+    for tt in made:
+        destroy_cffi_core(tt)
 
 
 @pytest.fixture

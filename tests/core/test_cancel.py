@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from _helpers import Recorder, posted_at_least
@@ -237,40 +239,31 @@ def test_foreign_handle_from_a_closed_timer_thread(tt):
 # -- bad input ------------------------------------------------------------------------
 
 
-def test_an_id_from_one_core_cancels_nothing_on_another():
+def test_an_id_from_one_core_cancels_nothing_on_another(cffi_core: Callable[..., Any]) -> None:
     """Through the C API (``bucketimer._cffi``): a core answers BT_UNKNOWN for
     another core's ids and keeps its own timers, both for the first timer a
     thread schedules on each core and after slots were reused."""
     from bucketimer._cffi import ffi, lib
 
-    def manual_core():
-        opt = ffi.new("bt_options *")
-        lib.bt_options_init(opt)
-        opt.manual_clock = 1
-        opt.manual_start_ns = 1000
-        out = ffi.new("bt_timer_thread **")
-        assert lib.bt_create(opt, out) == 0
+    def manual_core() -> tuple[Any, Any]:
+        tt = cffi_core(manual_clock=1, manual_start_ns=1000)
         port = ffi.new("bt_port **")
-        assert lib.bt_port_open(out[0], 0, port) == 0
-        return out[0], port[0]
+        assert lib.bt_port_open(tt, 0, port) == 0
+        return tt, port[0]
 
     (a, pa), (b, pb) = manual_core(), manual_core()
-    try:
-        ids = ffi.new("uint64_t[2]")
-        buf = ffi.new("uint64_t[4]")
-        for round_ in range(3):  # first use of the slots, then reused ones
-            deadline = 2000 + round_
-            assert lib.bt_schedule_port(a, deadline, pa, ffi.NULL, ids + 0) == 0
-            assert lib.bt_schedule_port(b, deadline, pb, ffi.NULL, ids + 1) == 0
-            id_a, id_b = ids[0], ids[1]
-            assert id_a != id_b
-            assert lib.bt_cancel(a, id_b) == lib.BT_UNKNOWN
-            assert lib.bt_cancel(b, id_a) == lib.BT_UNKNOWN
-            # Both timers are still there: they fire, on their own core.
-            assert lib.bt_advance(a, deadline) == 1 and lib.bt_advance(b, deadline) == 1
-            assert lib.bt_port_drain_ids(pa, buf, 4) == 1 and buf[0] == id_a
-            assert lib.bt_port_drain_ids(pb, buf, 4) == 1 and buf[0] == id_b
-    finally:
-        lib.bt_destroy(a)
-        lib.bt_destroy(b)
+    ids = ffi.new("uint64_t[2]")
+    buf = ffi.new("uint64_t[4]")
+    for round_ in range(3):  # first use of the slots, then reused ones
+        deadline = 2000 + round_
+        assert lib.bt_schedule_port(a, deadline, pa, ffi.NULL, ids + 0) == 0
+        assert lib.bt_schedule_port(b, deadline, pb, ffi.NULL, ids + 1) == 0
+        id_a, id_b = ids[0], ids[1]
+        assert id_a != id_b
+        assert lib.bt_cancel(a, id_b) == lib.BT_UNKNOWN
+        assert lib.bt_cancel(b, id_a) == lib.BT_UNKNOWN
+        # Both timers are still there: they fire, on their own core.
+        assert lib.bt_advance(a, deadline) == 1 and lib.bt_advance(b, deadline) == 1
+        assert lib.bt_port_drain_ids(pa, buf, 4) == 1 and buf[0] == id_a
+        assert lib.bt_port_drain_ids(pb, buf, 4) == 1 and buf[0] == id_b
 

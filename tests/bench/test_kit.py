@@ -208,15 +208,9 @@ def test_plot_lateness_from_a_timer_thread():
 # ---- the C reference timer and the GIL-free loops (through _cffi) ------------------
 
 
-@pytest.fixture
-def cffi_lib():
+def test_reference_heap_fires_what_was_not_cancelled():
     from bucketimer._cffi import ffi, lib
 
-    return ffi, lib
-
-
-def test_reference_heap_fires_what_was_not_cancelled(cffi_lib):
-    ffi, lib = cffi_lib
     out = ffi.new("bt_ref_timer **")
     assert lib.bt_ref_create(out) == 0
     rt = out[0]
@@ -243,30 +237,23 @@ def test_reference_heap_fires_what_was_not_cancelled(cffi_lib):
         lib.bt_ref_destroy(rt)
 
 
-def test_bench_loops_on_the_bucketed_core(cffi_lib):
-    ffi, lib = cffi_lib
-    opt = ffi.new("bt_options *")
-    lib.bt_options_init(opt)
-    out = ffi.new("bt_timer_thread **")
-    assert lib.bt_create(opt, out) == 0
-    tt = out[0]
-    try:
-        assert lib.bt_bench_pairs(tt, 30_000_000_000, 5000) > 0
-        gate, start = ffi.new("uint32_t *"), ffi.new("int64_t *")
-        assert lib.bt_bench_pairs_gated(tt, 30_000_000_000, 100, gate, 1, start) > 0
-        assert gate[0] == 1 and start[0] > 0
-        ids = ffi.new("uint64_t[]", 300)
-        assert lib.bt_bench_fill(tt, 60_000_000_000, 120_000_000_000, 300, ids) == 0
-        assert lib.bt_bench_cancel_all(tt, ids, 300) == 300
-        assert lib.bt_bench_cancel_all(tt, ids, 300) == 0
-        st = ffi.new("bt_stats *")
-        lib.bt_get_stats(tt, st)
-        assert st.scheduled == 5000 + 100 + 300
-        assert st.cancelled == 5000 + 100 + 300
-        assert lib.bt_bench_fill(tt, 2, 1, 1, ffi.NULL) < 0  # max < min: -EINVAL
-    finally:
-        lib.bt_stop(tt)
-        lib.bt_destroy(tt)
+def test_bench_loops_on_the_bucketed_core(cffi_core):
+    from bucketimer._cffi import ffi, lib
+
+    tt = cffi_core()
+    assert lib.bt_bench_pairs(tt, 30_000_000_000, 5000) > 0
+    gate, start = ffi.new("uint32_t *"), ffi.new("int64_t *")
+    assert lib.bt_bench_pairs_gated(tt, 30_000_000_000, 100, gate, 1, start) > 0
+    assert gate[0] == 1 and start[0] > 0
+    ids = ffi.new("uint64_t[]", 300)
+    assert lib.bt_bench_fill(tt, 60_000_000_000, 120_000_000_000, 300, ids) == 0
+    assert lib.bt_bench_cancel_all(tt, ids, 300) == 300
+    assert lib.bt_bench_cancel_all(tt, ids, 300) == 0
+    st = ffi.new("bt_stats *")
+    lib.bt_get_stats(tt, st)
+    assert st.scheduled == 5000 + 100 + 300
+    assert st.cancelled == 5000 + 100 + 300
+    assert lib.bt_bench_fill(tt, 2, 1, 1, ffi.NULL) < 0  # max < min: -EINVAL
 
 
 # ---- the service benchmark ---------------------------------------------------------
