@@ -61,13 +61,13 @@ LINT_PATHS = ["src", "tests", "benchmarks", "tools", "docs/examples", "noxfile.p
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff; mypy --strict over the package, tests/typing/ and docs/examples/
-    (as 3.11 and as 3.14 read them); stubtest of bucketimer/_core.pyi against
-    the built extension module."""
-    session.install("ruff", "mypy", "types-grpcio", "types-tqdm", ".[test,bench]")
+    (as 3.11 and as 3.14 read them); stubtest of the extension modules' stubs
+    (_core.pyi, _cffi.pyi) against the built modules."""
+    session.install("ruff", "mypy", "types-grpcio", "types-tqdm", "pandas-stubs", ".[test,bench]")
     session.run("ruff", "check", *LINT_PATHS, *session.posargs)
     for version in ("3.11", "3.14"):
         session.run("mypy", "--python-version", version)  # files: pyproject.toml
-    session.run("python", "-m", "mypy.stubtest", "bucketimer._core")
+    session.run("python", "-m", "mypy.stubtest", "bucketimer._core", "bucketimer._cffi")
 
 
 def _gcc_runtime(name: str) -> str:

@@ -26,14 +26,6 @@ from . import _core
 
 _Ts = TypeVarTuple("_Ts")
 
-try:  # private, but the exact text asyncio itself reports
-    from asyncio.format_helpers import _format_callback_source
-except ImportError:  # pragma: no cover
-
-    def _format_callback_source(func: object, args: Iterable[Any]) -> str:
-        return repr(func)
-
-
 __all__ = ["Handle", "Stats", "TimerThread", "call_at", "call_later", "default_timer_thread"]
 
 logger = logging.getLogger("bucketimer")
@@ -74,10 +66,20 @@ class Stats(TypedDict):
 
 def _report_to_loop(loop: asyncio.AbstractEventLoop, handle: Any, exc: BaseException) -> None:
     """Report a failing callback exactly as asyncio reports a failing handle."""
-    cb = _format_callback_source(handle.callback, handle.args or ())
+    cb = _describe_callback(handle.callback, handle.args or ())
     loop.call_exception_handler(
         {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
     )
+
+
+def _describe_callback(func: object, args: Iterable[Any]) -> str:
+    """asyncio's text for a callback (from a private helper it has had since
+    3.7; its signature differs between versions), else ``repr(func)``."""
+    try:
+        from asyncio.format_helpers import _format_callback_source
+    except ImportError:  # pragma: no cover
+        return repr(func)
+    return _format_callback_source(func, args)
 
 
 def _report_to_log(handle: Any, exc: BaseException) -> None:

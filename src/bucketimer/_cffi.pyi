@@ -1,0 +1,11 @@
+"""Types of ``bucketimer._cffi``, the cffi binding of ``csrc/include/bucketimer.h``.
+
+cffi builds ``ffi`` and ``lib`` from the header's declarations; their
+attributes (the C API's functions, types and constants) are not visible to a
+type checker, so both are ``Any``.
+"""
+
+from typing import Any
+
+ffi: Any
+lib: Any
