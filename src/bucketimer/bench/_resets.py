@@ -89,12 +89,20 @@ async def rearm_round(call_later: Callable[..., Any], n: int, batch: int) -> flo
     return sw.ns / (loops * batch)
 
 
+#: Whether sys.getallocatedblocks() counts anything here: it counts
+#: pymalloc's blocks only, so it reads 0 under PYTHONMALLOC=malloc.
+BLOCKS_COUNTED = sys.getallocatedblocks() > 0
+
+
 @dataclass
 class Leftovers:
     """What one reset leaves behind, averaged over :data:`PROBE` resets done
     with no loop iteration in between (nothing cleans up meanwhile)."""
 
-    blocks: float  # Python-heap blocks still allocated (sys.getallocatedblocks)
+    # Python-heap blocks still allocated (sys.getallocatedblocks); None
+    # where pymalloc is not the allocator (PYTHONMALLOC=malloc, as under a
+    # sanitizer), which leaves that count at 0
+    blocks: float | None
     # cancelled entries left in the loop's or the core's structure; None
     # where they cannot be seen (uvloop's timers are libuv's)
     tombstones: float | None
@@ -149,7 +157,7 @@ class Target:
         finally:
             gc.enable()
         tombs = None if t0 is None or t1 is None else (t1 - t0) / PROBE
-        return Leftovers((b1 - b0) / PROBE, tombs)
+        return Leftovers((b1 - b0) / PROBE if BLOCKS_COUNTED else None, tombs)
 
     async def timeout_leftovers(self) -> Leftovers:
         now = self.loop.time
