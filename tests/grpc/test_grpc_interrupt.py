@@ -176,3 +176,47 @@ def test_interrupt_spares_grpc_request_iterator(backend: SyncBackend, monkeypatc
     assert codes.get(grpc.StatusCode.DEADLINE_EXCEEDED, 0) > 0 and set(codes) <= {
         grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
     assert serving and not thread_errors
+
+
+def test_interrupt_racing_calls_into_the_context(backend: SyncBackend,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Budgets running out while the handler keeps calling into grpc through
+    # its context (each call leaves the interrupt window and comes back): the
+    # interrupt lands in the handler's code or is raised as such a call
+    # returns, and the handler thread never blocks in the interceptor's own
+    # bookkeeping -- every call ends, and the one pool thread keeps serving.
+    escaped: list[BaseException] = []
+    thread_errors: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", thread_errors.append)
+
+    class Pool(futures.ThreadPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+            def guarded() -> Any:
+                try:
+                    return fn(*args, **kwargs)
+                except BaseException as e:
+                    escaped.append(e)
+                    raise
+            return super().submit(guarded)
+
+    async def work(req: bytes, ctx: Any) -> bytes:
+        end = time.monotonic() + int(req) * 1e-4
+        while time.monotonic() < end:
+            ctx.peer()
+            for _ in range(20):  # and some time in the handler's own code
+                pass
+        return req
+
+    ic = btg.ServerDeadlineInterceptor(0.002, interrupt=True)
+    codes: dict[Any, int] = {}
+    with backend.serve(backend.all_shapes("Race", work), (ic,), pool=Pool(max_workers=1)) as addr, \
+            backend.channel(addr) as ch:
+        for i in range(400):
+            shape = SHAPES[i % 4]
+            r = backend.invoke(ch, shape, f"Race_{shape}", payload=b"%d" % (i % 40), timeout=5.0)
+            codes[r.code] = codes.get(r.code, 0) + 1
+        last = backend.invoke(ch, "unary_unary", "Race_unary_unary", payload=b"0", timeout=5.0)
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+    assert codes.get(grpc.StatusCode.DEADLINE_EXCEEDED, 0) > 0, codes
+    assert last.code in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert escaped == [] and thread_errors == []

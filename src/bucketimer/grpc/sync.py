@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,6 +56,7 @@ __all__ = [
 __all__ += _common.__all__
 
 _get_ident = threading.get_ident
+_sleep = time.sleep
 
 # next()'s default at the end of a response stream
 _END: Any = object()
@@ -103,6 +105,19 @@ _UNSAFE_CODE = _code_dirs()
 # How often an interrupt is retried while the handler thread is in code where
 # an asynchronous exception must not land (see _UNSAFE_CODE).
 _INTERRUPT_RETRY = 0.001
+
+# A window token (_InterruptibleContext) holds _OPEN while open, then _ENDED
+# when the handler thread ended it, or _SENT once the timer has sent its
+# interrupt (empty only in between).  _CLOSED: before the first window;
+# _RAISED: a window ended by raising the interrupt synchronously.
+_OPEN = object()
+_ENDED = object()
+_SENT = object()
+_CLOSED: list[object] = [_ENDED]
+_RAISED: list[object] = [_SENT]
+
+# The handler thread's pause (seconds) while the timer finishes sending.
+_SEND_WAIT = 0.0001
 
 
 def _abort_server_call(context: Any, details: str) -> None:
@@ -160,8 +175,8 @@ class _DeadlineContext(_DeadlineCall):
     def _ends_expired(self, exc: BaseException) -> bool:
         """The handler raised ``exc``: :meth:`_finish`; does ``exc`` end the
         call with DEADLINE_EXCEEDED (rather than propagate)?"""
-        self._finish()
-        return isinstance(exc, DeadlineInterrupt) or (isinstance(exc, Exception) and self._expired)
+        expired = self._finish()
+        return isinstance(exc, DeadlineInterrupt) or (isinstance(exc, Exception) and expired)
 
     def _end_expired(self) -> None:
         # The client already has its status; this tells grpc the handler is
@@ -180,34 +195,50 @@ class _DeadlineContext(_DeadlineCall):
 class _InterruptibleContext(_DeadlineContext):
     """:class:`_DeadlineContext` for ``interrupt=True``.
 
-    ``_inside`` is True while the handler's own code runs in thread
-    ``_ident`` (the interrupt window).  ``_lock`` orders the timer's "expire,
-    maybe interrupt" against the handler's "leave the window, clear any
-    interrupt not delivered yet", so an asynchronous exception never escapes
-    the window.
+    The handler's own code runs in windows (:meth:`_step`: the call, or one
+    ``next()``) in thread ``_ident``.  Calls into grpc from a window (this
+    context's methods, the request iterator) go through :meth:`_shield`:
+    they leave the window for their duration, and an interrupt due meanwhile
+    is raised synchronously when they return -- grpc's bookkeeping is never
+    cut in half.  For other code (a downstream client call, a lock wait) the
+    timer checks where the thread is and retries every millisecond while it
+    is in such code.
 
-    Inside the window, calls into grpc (this context's methods, the request
-    iterator) go through :meth:`_shield`: they leave the window for their
-    duration, and an interrupt due meanwhile is raised synchronously when
-    they return -- grpc's bookkeeping is never cut in half.  For other code
-    (a downstream client call, a lock wait) the timer checks where the thread
-    is and retries every millisecond while it is in such code.
+    No lock is taken in the handler thread: an asynchronous exception can
+    land between a lock's acquire and the ``try`` that would release it (on
+    3.14, inside ``with lock:`` too), and the thread would then block on
+    that lock forever (docs/grpc.rst, "Interrupt mode").  Instead each
+    window is a token ``_window``, a list holding ``_OPEN``; ending the
+    window means removing ``_OPEN`` from it (one C call under the GIL), and
+    whoever does so decides how it ends:
+
+    * the timer, only at a safe point: it sends the interrupt, then appends
+      ``_SENT``.  The handler thread, finding ``_OPEN`` gone, waits for
+      ``_SENT`` and clears what was not delivered (:meth:`_close`), so the
+      exception lands at most once, and only before the window is closed;
+    * the handler thread (it appends ``_ENDED``): the timer sends nothing.
+
+    A window opens (:meth:`_open`) by publishing its token and then looking
+    at ``_expired``; the timer sets ``_expired`` and then looks at the
+    window, so an expiry is never missed by both.  Likewise the timer and
+    the handler's end each take the one item of ``_fate``: the first decides
+    whether the call expired.
     """
 
-    __slots__ = ("_lock", "_ident", "_inside", "_shielded", "_interrupted")
-    _lock: threading.Lock
+    __slots__ = ("_fate", "_window", "_ident", "_in_step", "_shielded")
+    _fate: list[None]
+    _window: list[object]
     _ident: int
-    _inside: bool
+    _in_step: bool
     _shielded: bool
-    _interrupted: bool
 
     @staticmethod
     def _setup(call: _InterruptibleContext) -> None:
-        call._lock = threading.Lock()
+        call._fate = [None]
+        call._window = _CLOSED
         call._ident = 0
-        call._inside = False
-        call._shielded = False
-        call._interrupted = False
+        call._in_step = False  # in _step (its window open, or in grpc through _shield)
+        call._shielded = False  # in grpc through _shield
 
     def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         token = _deadline_var.set(self._deadline)
@@ -216,48 +247,63 @@ class _InterruptibleContext(_DeadlineContext):
         finally:
             _deadline_var.reset(token)
 
+    # -- the handler thread ------------------------------------------------------------
+
     def _step(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """One piece of handler code (the call, or one ``next()``) in the window."""
-        with self._lock:
-            self._ident = _get_ident()
-            self._inside = True
+        """One piece of handler code (the call, or one ``next()``) in a window."""
+        self._ident = _get_ident()
+        self._in_step = True
         try:
-            return fn(*args)
+            try:
+                self._open()
+                return fn(*args)
+            finally:
+                # The interrupt may land in here too (once): then nothing is pending.
+                self._close(self._window)
         finally:
-            with self._lock:
-                self._inside = False
-                if self._interrupted:
-                    # Set but maybe not delivered yet: it must not land outside.
-                    _ClearAsyncExc(self._ident, None)
+            self._in_step = False
+
+    def _open(self) -> None:
+        """Open a window; raise :class:`DeadlineInterrupt` instead if the
+        budget ran out already."""
+        window = [_OPEN]
+        self._window = window
+        if self._expired:
+            self._close(window)
+            self._window = _RAISED
+            raise DeadlineInterrupt
+
+    def _close(self, window: list[object]) -> bool:
+        """End ``window``; True if the timer ended it first (it interrupts).
+        Either way no interrupt is pending when this returns."""
+        try:
+            window.remove(_OPEN)
+        except ValueError:
+            pass
+        else:
+            window.append(_ENDED)
+            return False
+        while not window:  # the timer is sending: wait until it is done
+            _sleep(_SEND_WAIT)
+        if window[-1] is _ENDED:  # ended here before
+            return False
+        _ClearAsyncExc(self._ident, None)  # not delivered yet: it must not land outside
+        return True
 
     def _shield(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call grpc code from the handler: out of the window while it runs."""
-        if _get_ident() != self._ident or not self._leave_window():
-            return fn(*args, **kwargs)  # another thread, nested, or the handler is over
+        if not self._in_step or self._shielded or _get_ident() != self._ident:
+            return fn(*args, **kwargs)  # another thread, nested, or between windows
+        if self._close(self._window):
+            # Interrupted (maybe not delivered): raise it here, not inside grpc.
+            self._window = _RAISED
+            raise DeadlineInterrupt
+        self._shielded = True
         try:
             return fn(*args, **kwargs)
         finally:
-            with self._lock:
-                self._inside = True
-                self._shielded = False
-                due = self._expired and not self._interrupted and not self._done
-                if due:
-                    self._interrupted = True
-            if due:  # expired while in grpc: interrupt now, synchronously
-                raise DeadlineInterrupt
-
-    def _leave_window(self) -> bool:
-        """For :meth:`_shield`: leave the window; False if not in it."""
-        with self._lock:
-            if not self._inside:
-                return False
-            if self._interrupted:
-                # Sent, maybe still pending: raise it here, not inside grpc.
-                _ClearAsyncExc(self._ident, None)
-                raise DeadlineInterrupt
-            self._inside = False
-            self._shielded = True
-            return True
+            self._shielded = False
+            self._open()  # expired while in grpc: raises, synchronously
 
     def __getattr__(self, name: str) -> Any:
         attr = super().__getattr__(name)
@@ -267,46 +313,55 @@ class _InterruptibleContext(_DeadlineContext):
         return lambda *args, **kwargs: shield(attr, *args, **kwargs)
 
     def is_active(self) -> bool:
-        return not self._expired and self._shield(self._ctx.is_active)
+        return not self._expired and bool(self._shield(self._ctx.is_active))
 
     def code(self) -> Any:
         return self._shield(super().code)
 
     def _finish(self) -> bool:
-        with self._lock:
-            self._done = True
-            expired = self._expired
-        if not expired:
-            self._handle.cancel()
-        return expired
+        self._done = True
+        try:
+            self._fate.pop()
+        except IndexError:
+            return True  # the timer took it: expired
+        self._handle.cancel()
+        return False
 
-    def _interrupt_locked(self) -> bool:
-        """With ``_lock`` held: send the interrupt if the thread is at a safe
-        point; False if it must be retried."""
-        if not self._inside or self._interrupted:
-            return True  # in grpc through _shield() (raised on return), or between messages
-        frame = sys._current_frames().get(self._ident)
+    # -- the timer (bucketimer's dispatcher thread) ------------------------------------------
+
+    def _interrupt(self) -> bool:
+        """Send the interrupt if the handler thread is in its window at a
+        safe point; False if it must be retried."""
+        window = self._window
+        if _OPEN not in window:
+            return True  # in grpc through _shield (raised on return), or between windows
+        ident = self._ident
+        frame = sys._current_frames().get(ident)
         if frame is not None and frame.f_code.co_filename.startswith(_UNSAFE_CODE):
             return False
-        self._interrupted = _SetAsyncExc(self._ident, DeadlineInterrupt) == 1
+        try:
+            window.remove(_OPEN)
+        except ValueError:
+            return True  # the handler closed it meanwhile
+        try:
+            _SetAsyncExc(ident, DeadlineInterrupt)
+        finally:
+            window.append(_SENT)
         return True
 
     def _retry_interrupt(self) -> None:
-        with self._lock:
-            if self._done or self._interrupt_locked():
-                return
-        self._ic._timers().call_later(_INTERRUPT_RETRY, self._retry_interrupt)
+        if not self._done and not self._interrupt():
+            self._ic._timers().call_later(_INTERRUPT_RETRY, self._retry_interrupt)
 
     def _fire(self) -> None:
-        retry = False
-        with self._lock:
-            if self._done or self._expired:
-                return
-            self._expired = True
-            # interrupted now, on the return from grpc (shielded), or by a retry
-            interrupted = self._inside or self._shielded
-            if self._inside:
-                retry = not self._interrupt_locked()
+        try:
+            self._fate.pop()
+        except IndexError:
+            return  # the handler ended first
+        self._expired = True
+        # interrupted now, on the return from grpc (shielded), or by a retry
+        interrupted = self._in_step
+        retry = interrupted and not self._interrupt()
         _abort_server_call(self._ctx, self._ic._details)
         if retry:
             self._ic._timers().call_later(_INTERRUPT_RETRY, self._retry_interrupt)
