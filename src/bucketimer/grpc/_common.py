@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import bucketimer
 
@@ -385,6 +385,12 @@ class _DeadlineCall(_ContextProxy):
 # -- wrapping a server's handlers ----------------------------------------------------------------
 
 
+if TYPE_CHECKING:  # generic in grpc's stubs only
+    _RpcMethodHandler = grpc.RpcMethodHandler[Any, Any]
+else:
+    _RpcMethodHandler = grpc.RpcMethodHandler
+
+
 class _Handler(
     collections.namedtuple(
         "_Handler",
@@ -392,7 +398,7 @@ class _Handler(
          "response_serializer", "unary_unary", "unary_stream", "stream_unary",
          "stream_stream"),
     ),
-    grpc.RpcMethodHandler,
+    _RpcMethodHandler,
 ):
     """An RpcMethodHandler for handlers that are not namedtuples."""
 

@@ -13,7 +13,7 @@ import asyncio
 import inspect
 import io
 import linecache
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import grpc  # the real grpcio (bucketimer.grpc, imported first, says if it is missing)
@@ -460,7 +460,12 @@ class SlowCallInterceptor(
         return rpc
 
     intercept_unary_unary = intercept_unary_stream = _client
-    intercept_stream_unary = intercept_stream_stream = _client
+
+    def intercept_stream_unary(self, continuation: Any, client_call_details: Any,
+                               request_iterator: Any) -> Coroutine[Any, Any, Any]:
+        return self._client(continuation, client_call_details, request_iterator)
+
+    intercept_stream_stream = intercept_stream_unary
 
 
 async def _finish_with_code(call: _AioSlowCall, rpc: Any) -> None:

@@ -8,6 +8,7 @@ handler thread's stack, and default client timeouts with propagation
 from __future__ import annotations
 
 import ctypes
+import importlib
 import sys
 import threading
 import time
@@ -39,11 +40,9 @@ from ._common import (
 )
 
 try:  # the C-core status codes, for cancelling a server call with a status
-    from grpc._cython import cygrpc as _cygrpc
-
-    _CORE_DEADLINE_EXCEEDED: Any = _cygrpc.StatusCode.deadline_exceeded
+    _CORE_DEADLINE_EXCEEDED: Any = importlib.import_module(
+        "grpc._cython.cygrpc").StatusCode.deadline_exceeded
 except (ImportError, AttributeError):  # pragma: no cover - a very different grpcio
-    _cygrpc = None
     _CORE_DEADLINE_EXCEEDED = None
 
 __all__ = [
@@ -727,5 +726,10 @@ class SlowCallInterceptor(
         return outcome
 
     intercept_unary_unary = intercept_unary_stream = _client
-    intercept_stream_unary = intercept_stream_stream = _client
+
+    def intercept_stream_unary(self, continuation: Any, client_call_details: Any,
+                               request_iterator: Any) -> Any:
+        return self._client(continuation, client_call_details, request_iterator)
+
+    intercept_stream_stream = intercept_stream_unary
 
