@@ -16,6 +16,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from _grpc_harness import (  # noqa: E402
+    ENDED,
     LOGGER,
     SERVICE,
     SHAPES,
@@ -31,12 +32,14 @@ import bucketimer.grpc as btg  # noqa: E402
 
 
 def assert_stopped(backend: Backend, entry: tuple[Any, ...], low: float) -> None:
-    """How the handler learnt that its budget ran out, ``low`` s or more in."""
+    """How the handler learnt that its budget ran out: ``low`` s or more
+    after it started (the clock it reads is started before the budget left
+    is read, so a ``low`` of that budget proves nothing stopped it early)."""
     if backend.name == "sync":
-        _, active, waited, _ = entry
-        assert active is False and low <= waited < 1.0, entry
+        _, active, _, since_start = entry
+        assert active is False and low <= since_start < ENDED, entry
     else:
-        assert entry[0] == "cancelled" and low <= entry[1] < 1.0, entry
+        assert entry[0] == "cancelled" and low <= entry[1] < ENDED, entry
 
 
 @pytest.mark.parametrize("backend,shape,method", variant_params(), indirect=["backend"])
@@ -52,13 +55,13 @@ def test_max_time_gives_client_deadline_exceeded_promptly(backend: Backend, shap
     # the client: DEADLINE_EXCEEDED, not CANCELLED and not a hang (grpc/grpc#29248 on aio)
     assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED, r
     assert r.details == "budget gone"
-    assert 0.09 <= r.elapsed < 1.0, r
+    assert 0.09 <= r.elapsed < ENDED, r
     if shape in ("unary_stream", "stream_stream"):
         assert r.responses == [b"first"]  # the partial stream, then the status
     # the handler: active at first with the server's budget, then stopped
     _, active0, time_left, rem = log[0]
     assert active0 is True and 0.0 < time_left <= 0.1 and 0.0 < rem <= 0.1
-    assert_stopped(backend, log[1], 0.08 if backend.name == "sync" else 0.09)
+    assert_stopped(backend, log[1], time_left)
     # the hook
     (ev,) = events
     assert ev.method == f"/{SERVICE}/Stub_{method}"
@@ -77,11 +80,12 @@ def test_client_deadline_is_the_budget_when_smaller(backend: Backend, shape: str
         r = backend.invoke(ch, shape, f"Stub_{shape}", timeout=0.15)
         assert wait_for(lambda: len(log) == 2 and events)
     assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED, r
-    assert 0.14 <= r.elapsed < 1.0, r
+    assert 0.14 <= r.elapsed < ENDED, r
     assert 0.0 < log[0][2] <= 0.17  # time_remaining(): the client's deadline
     assert_stopped(backend, log[1], 0.0)
     assert events[0].source == "client"
-    assert events[0].budget == pytest.approx(0.15, abs=0.03)
+    # what was left of the client's 0.15 s when the call reached the server
+    assert 0.0 < events[0].budget <= 0.152
 
 
 @pytest.mark.parametrize("backend", ["aio"], indirect=True)
@@ -101,7 +105,7 @@ def test_handler_that_swallows_the_cancel_still_ends_with_deadline_exceeded(back
         r = backend.invoke(ch, "unary_unary", "Swallow_unary_unary")
     assert log == ["swallowed"]
     assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED and r.responses == []
-    assert 0.14 <= r.elapsed < 1.0  # the status waits for the handler to return
+    assert 0.14 <= r.elapsed < ENDED  # the status waits for the handler to return
 
 
 def test_deadline_event_is_logged(backend: Backend, caplog: pytest.LogCaptureFixture,
