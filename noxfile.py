@@ -198,17 +198,19 @@ def soak(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """pytest-benchmark benchmarks (benchmarks/)."""
+    """pytest-benchmark benchmarks (benchmarks/).  ``-- --check`` runs each
+    benchmark's body once, untimed, with the long workloads shrunk: that the
+    benchmarks still work (CI runs it)."""
     session.install(".[bench,test]")
-    session.run(
-        "pytest",
-        "benchmarks",
-        "-o",
-        "python_files=bench_*.py",
-        "--benchmark-only",
-        "--benchmark-disable-gc",
-        *session.posargs,
-    )
+    args = list(session.posargs)
+    env = {}
+    if "--check" in args:
+        args.remove("--check")
+        mode = ["--benchmark-disable"]
+        env["BUCKETIMER_BENCH_QUICK"] = "1"
+    else:
+        mode = ["--benchmark-only", "--benchmark-disable-gc"]
+    session.run("pytest", "benchmarks", "-o", "python_files=bench_*.py", *mode, *args, env=env)
 
 
 @nox.session(python="3.11")

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from _figures import per_op
 from _kinds import HOST_LOOPS, LOOP_KINDS
 
 import bucketimer
@@ -55,7 +56,7 @@ def _bench_round(benchmark: Any, loop: asyncio.AbstractEventLoop,
     benchmark.extra_info["calls_per_round"] = n
     benchmark.pedantic(lambda: loop.run_until_complete(round_fn(fn, n)),
                        rounds=20, warmup_rounds=2, iterations=1)
-    benchmark.extra_info["per_call_us"] = benchmark.stats.stats.median / n * 1e6
+    benchmark.extra_info["per_call_us"] = per_op(benchmark, n, 1e6)
 
 
 # -- 1. helpers --------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_call_later_cancel(benchmark: Any, kind: str, pending: int) -> None:
             sync_pairs, args=(call_later, n), rounds=30, warmup_rounds=2, iterations=1))
     finally:
         target.close()
-    benchmark.extra_info["per_call_ns"] = benchmark.stats.stats.median / n * 1e9
+    benchmark.extra_info["per_call_ns"] = per_op(benchmark, n, 1e9)
 
 
 # -- 3. precision -------------------------------------------------------------------------------
@@ -161,7 +162,7 @@ def test_fire_heavy_sequential_sleeps(benchmark: Any, make_loop: MakeLoop, kind:
     loop = make_loop(kind)
     benchmark.pedantic(lambda: loop.run_until_complete(_loopload.sequential_sleeps(N_SEQ)),
                        rounds=1, iterations=1)
-    benchmark.extra_info["per_sleep_us"] = benchmark.stats.stats.median / N_SEQ * 1e6
+    benchmark.extra_info["per_sleep_us"] = per_op(benchmark, N_SEQ, 1e6)
 
 
 @pytest.mark.parametrize("kind", sorted(LOOP_KINDS))

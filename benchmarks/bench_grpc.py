@@ -57,6 +57,7 @@ from concurrent import futures
 from typing import Any
 
 import pytest
+from _figures import per_op
 
 grpc = pytest.importorskip("grpc")
 
@@ -398,7 +399,7 @@ def test_sync_unary_echo(benchmark: Any, sync_calls: dict[str, Callable[..., Any
 
     benchmark.extra_info["calls_per_round"] = CALLS
     benchmark.pedantic(batch, rounds=15, warmup_rounds=2, iterations=1)
-    benchmark.extra_info["per_call_us"] = benchmark.stats.stats.median / CALLS * 1e6
+    benchmark.extra_info["per_call_us"] = per_op(benchmark, CALLS, 1e6)
 
 
 @pytest.mark.parametrize("server", SERVERS)
@@ -408,7 +409,7 @@ def test_aio_unary_echo(benchmark: Any, aio_servers: AioServers, server: str) ->
     benchmark.extra_info["calls_per_round"] = CALLS
     benchmark.pedantic(lambda: aio_servers.run(aio_servers.batch(server, CALLS)),
                        rounds=15, warmup_rounds=2, iterations=1)
-    benchmark.extra_info["per_call_us"] = benchmark.stats.stats.median / CALLS * 1e6
+    benchmark.extra_info["per_call_us"] = per_op(benchmark, CALLS, 1e6)
 
 
 @pytest.mark.parametrize("api", ["sync", "aio"])

@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 import pytest
+from _figures import per_op
 from _kinds import LOOP_KINDS
 
 from bucketimer.bench import _resets
@@ -53,6 +54,6 @@ def test_reset(benchmark: Any, kind: str, pending: int, contender: str) -> None:
         t.run(settle(t.tt))
         t.loop.close()
     benchmark.extra_info.update({
-        "per_reset_ns": round(benchmark.stats.stats.median / N * 1e9),
-        "heap_blocks_left": round(left.blocks, 3),
+        "per_reset_ns": per_op(benchmark, N, 1e9),
+        "heap_blocks_left": None if left.blocks is None else round(left.blocks, 3),
         "tombstones_left": None if left.tombstones is None else round(left.tombstones, 3)})
