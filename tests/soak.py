@@ -66,9 +66,8 @@ import time
 import traceback
 import warnings
 
-from bucketimer._cffi import ffi, lib
-
 import bucketimer
+from bucketimer._cffi import ffi, lib
 
 MAX_DELAY = 0.05  # s: every timer the soak schedules is due within this
 RETIRE_EVERY = 20.0  # s: a TimerThread's life

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 
 import pytest
 from _helpers import SLOW, cffi_core, examples, wait_until
-from bucketimer._cffi import ffi, lib
 from hypothesis import currently_in_test_context, given, note
 from hypothesis import strategies as st
 
 import bucketimer
+from bucketimer._cffi import ffi, lib
 
 pytestmark = pytest.mark.timeout(600 if SLOW else 120)
 
