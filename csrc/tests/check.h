@@ -3,7 +3,8 @@
  * condition with its place and counts it for the running test, and the test
  * goes on (the count is atomic: stress scenarios check from worker
  * threads); run_tests() runs a table of tests and prints "N passed, N
- * failed".
+ * failed"; manual_core() makes a core on the manual clock (rule 9 of
+ * docs/design.rst), which the deterministic tests drive with bt_advance.
  */
 #ifndef BT_TESTS_CHECK_H
 #define BT_TESTS_CHECK_H
@@ -43,5 +44,19 @@ static inline int run_tests(const struct test *tests, size_t n) {
 }
 
 #define RUN_TESTS(table) run_tests((table), sizeof(table) / sizeof((table)[0]))
+
+#ifdef BUCKETIMER_H
+/* A core with no thread whose clock starts at start_ns. */
+static inline bt_timer_thread *manual_core(int64_t start_ns) {
+    bt_options o;
+    bt_options_init(&o);
+    o.manual_clock = 1;
+    o.manual_start_ns = start_ns;
+    bt_timer_thread *tt = NULL;
+    int rc = bt_create(&o, &tt);
+    CHECK(rc == 0 && tt);
+    return tt;
+}
+#endif
 
 #endif

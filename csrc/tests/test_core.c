@@ -51,21 +51,10 @@ static void record(void *arg, uint64_t id) {
     }
 }
 
-static bt_timer_thread *manual_core(void) {
-    bt_options o;
-    bt_options_init(&o);
-    o.manual_clock = 1;
-    o.manual_start_ns = 1000;
-    bt_timer_thread *tt = NULL;
-    int rc = bt_create(&o, &tt);
-    CHECK(rc == 0 && tt);
-    return tt;
-}
-
 /* ---- tests ------------------------------------------------------------- */
 
 static void test_manual_order_and_ties(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(1000);
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     static struct rec_arg args[6];
@@ -108,7 +97,7 @@ static void test_manual_order_and_ties(void) {
 }
 
 static void test_stale_id_after_reuse(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(1000);
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     struct rec_arg a = {&rec, 2000, 1, tt};
@@ -126,7 +115,7 @@ static void test_stale_id_after_reuse(void) {
 }
 
 static void test_ports_manual(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(1000);
     bt_port *p;
     CHECK(bt_port_open(tt, 1, &p) == 0);
     CHECK(bt_port_fd(p) >= 0);
@@ -180,7 +169,7 @@ static void look(void *arg, uint64_t id) {
 }
 
 static void test_counters_before_delivery(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(1000);
     bt_port *p;
     CHECK(bt_port_open(tt, 1, &p) == 0);
     struct seen w = {tt, p, 0, 0, 0};
@@ -195,11 +184,11 @@ static void test_counters_before_delivery(void) {
 }
 
 static void test_bad_input(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(1000);
     uint64_t id;
     CHECK(bt_schedule_native(tt, 1, NULL, NULL, &id) == -EINVAL);
     CHECK(bt_schedule_port(tt, 1, NULL, NULL, &id) == -EINVAL);
-    bt_timer_thread *other = manual_core();
+    bt_timer_thread *other = manual_core(1000);
     bt_port *foreign;
     CHECK(bt_port_open(other, 0, &foreign) == 0);
     CHECK(bt_schedule_port(tt, 1, foreign, NULL, &id) == -EINVAL);
@@ -252,7 +241,7 @@ static void test_garbage_bounded(void) {
 
 static void test_heap_sweep(void) {
     /* Live timers that reach the heap and are cancelled there get swept. */
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(1000);
     static struct rec rec;
     struct rec_arg a = {&rec, 0, 1, tt};
     enum { N = 20000 };
@@ -373,7 +362,7 @@ static void test_ids_carry_their_core(void) {
     memset(&rec, 0, sizeof(rec));
     static struct rec_arg args[NCORES];
     for (int i = 0; i < NCORES; i++) {
-        cores[i] = manual_core();
+        cores[i] = manual_core(1000);
         args[i] = (struct rec_arg){&rec, 5000, 1, cores[i]};
         CHECK(bt_schedule_native(cores[i], 5000, record, &args[i], &first[i]) == 0);
     }
@@ -417,36 +406,38 @@ static void test_ids_carry_their_core(void) {
  * timer.) */
 enum finish { BY_NATIVE, BY_PORT, BY_CANCEL };
 
+/* Schedules one timer and finishes it `how`.  While it is live, a cancel
+ * with `stale` (0: none) must not touch it; *stale_won counts those that did. */
 static void finish_one(bt_timer_thread *tt, bt_port *p, enum finish how, int64_t at,
-                       struct rec_arg *a, uint64_t *id) {
+                       struct rec_arg *a, uint64_t *id, uint64_t stale, int *stale_won) {
     uint64_t out[2];
     if (how == BY_PORT) CHECK(bt_schedule_port(tt, at, p, NULL, id) == 0);
     else CHECK(bt_schedule_native(tt, at, record, a, id) == 0);
+    if (stale && bt_cancel(tt, stale) != BT_UNKNOWN) (*stale_won)++;
     if (how == BY_CANCEL) CHECK(bt_cancel(tt, *id) == BT_CANCELLED);
     bt_advance(tt, at); /* fires it, or reaps it */
     if (how == BY_PORT) CHECK(bt_port_drain_ids(p, out, 2) == 1);
 }
 
 static void generation_wrap(enum finish how) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(1000);
     bt_port *p;
     CHECK(bt_port_open(tt, 0, &p) == 0);
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     struct rec_arg a = {&rec, 0, 1, tt};
     uint64_t first, id;
-    finish_one(tt, p, how, 2000, &a, &first);
+    int repeats = 0, stale_won = 0, same_slot = 0;
+    finish_one(tt, p, how, 2000, &a, &first, 0, &stale_won);
     struct bt_timer *t = bt__slot(tt, first);
     CHECK(t != NULL);
     uint32_t gen0 = (uint32_t)(first >> 32);
     CHECK(BT_WORD_STATE(atomic_load(&t->word)) == BT_S_FREE);
     atomic_store(&t->word, BT_WORD(gen0 - 2, BT_S_FREE));
-    int repeats = 0, stale_won = 0, same_slot = 0;
     for (int64_t k = 1; k <= 4; k++) {
-        finish_one(tt, p, how, 2000 + k, &a, &id);
+        finish_one(tt, p, how, 2000 + k, &a, &id, first, &stale_won);
         if (id == first) repeats++;
         if ((uint32_t)id == (uint32_t)first) same_slot++;
-        if (bt_cancel(tt, first) != BT_UNKNOWN) stale_won++;
     }
     printf("  generation wrap (%s): the slot served %d more timers, %d repeated the first id, "
            "the stale first id cancelled %d\n",
@@ -607,6 +598,34 @@ static void test_destroy_from_a_native_callback(void) {
     CHECK(thread_count() == before); /* the timer thread freed the core and exited */
 }
 
+/* The same two calls from a native callback inside bt_advance (manual
+ * clock): a stop ends the pass after that callback and later advances are
+ * refused; a destroy is carried out when bt_advance returns, not under its
+ * pass (ASan: a heap-use-after-free otherwise). */
+static void test_stop_and_destroy_inside_advance(void) {
+    for (int destroy = 0; destroy <= 1; destroy++) {
+        bt_timer_thread *tt = manual_core(1000);
+        static struct rec rec;
+        memset(&rec, 0, sizeof(rec));
+        struct stopper st = {tt, destroy, -1, 0, 1};
+        struct rec_arg a = {&rec, 2000, 1, tt};
+        uint64_t id;
+        CHECK(bt_schedule_native(tt, 2000, stop_self, &st, &id) == 0);
+        CHECK(bt_schedule_native(tt, 2000, record, &a, &id) == 0); /* same instant, after */
+        CHECK(bt_advance(tt, 2000) == 1);
+        CHECK(atomic_load(&st.calls) == 1);
+        CHECK(atomic_load(&rec.n) == 0);
+        printf("  %s inside bt_advance: %zu timer(s) ran after it\n",
+               destroy ? "bt_destroy" : "bt_stop", (size_t)atomic_load(&rec.n));
+        if (destroy) continue; /* tt is gone */
+        CHECK(atomic_load(&st.rc) == 0);
+        CHECK(bt_is_stopped(tt));
+        CHECK(bt_advance(tt, 3000) == -ESHUTDOWN);
+        CHECK(bt_drop_all(tt, NULL, NULL) == 1);
+        bt_destroy(tt);
+    }
+}
+
 /* After fork() a child has none of the parent's threads, so a lock one of
  * them held at the fork stays held.  Every call on a core inherited that way
  * must refuse without touching a lock.  White-box: the parent holds the
@@ -747,6 +766,7 @@ int main(void) {
          test_second_concurrent_stop_waits_for_the_join},
         {"stop_from_a_native_callback", test_stop_from_a_native_callback},
         {"destroy_from_a_native_callback", test_destroy_from_a_native_callback},
+        {"stop_and_destroy_inside_advance", test_stop_and_destroy_inside_advance},
         {"fork_child_touches_no_lock_of_an_inherited_core",
          test_fork_child_touches_no_lock_of_an_inherited_core},
     };

@@ -20,16 +20,6 @@
 #define US 1000LL
 #define MS 1000000LL
 
-static bt_timer_thread *manual_core(void) {
-    bt_options o;
-    bt_options_init(&o);
-    o.manual_clock = 1;
-    o.manual_start_ns = 0;
-    bt_timer_thread *tt = NULL;
-    CHECK(bt_create(&o, &tt) == 0);
-    return tt;
-}
-
 static void count(void *arg, uint64_t id) {
     (void)id;
     atomic_fetch_add((_Atomic int *)arg, 1);
@@ -38,7 +28,7 @@ static void count(void *arg, uint64_t id) {
 /* ---- what it answers, in manual-clock mode ---------------------------------------- */
 
 static void test_postpone_moves_a_pending_timer_later(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(0);
     _Atomic int runs = 0;
     uint64_t id;
     CHECK(bt_schedule_native(tt, 100, count, &runs, &id) == 0);
@@ -59,7 +49,7 @@ static void test_postpone_moves_a_pending_timer_later(void) {
 }
 
 static void test_postpone_refuses_earlier_and_unknown(void) {
-    bt_timer_thread *tt = manual_core(), *other = manual_core();
+    bt_timer_thread *tt = manual_core(0), *other = manual_core(0);
     _Atomic int runs = 0;
     uint64_t id, foreign;
     CHECK(bt_schedule_native(tt, 100, count, &runs, &id) == 0);
@@ -83,7 +73,7 @@ static void test_postpone_refuses_earlier_and_unknown(void) {
 
 /* A cancel after a postpone wins, and the slot comes back. */
 static void test_cancel_after_postpone(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(0);
     _Atomic int runs = 0;
     uint64_t id;
     CHECK(bt_schedule_native(tt, 100, count, &runs, &id) == 0);
@@ -100,7 +90,7 @@ static void test_cancel_after_postpone(void) {
 
 /* An idle timeout reset on every message: the heap keeps one entry. */
 static void test_many_resets_leave_one_entry(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(0);
     _Atomic int runs = 0;
     uint64_t id;
     CHECK(bt_schedule_native(tt, 1000, count, &runs, &id) == 0);
@@ -136,7 +126,7 @@ static void note_b(void *arg, uint64_t id) {
 }
 
 static void test_postponed_timer_keeps_its_place_among_equals(void) {
-    bt_timer_thread *tt = manual_core();
+    bt_timer_thread *tt = manual_core(0);
     memset(&order_rec, 0, sizeof(order_rec));
     uint64_t a, b;
     CHECK(bt_schedule_native(tt, 100, note_a, NULL, &a) == 0);
