@@ -5,7 +5,14 @@
  * headers: it takes the thread state's field offsets from them instead of
  * hard-coding them.
  */
+/* Core mode (for pycore_tstate.h) only on the versions whose thread-state
+ * layout was checked: the version and the build's flags are known before
+ * Python.h decides what it declares. */
+#include <patchlevel.h>
+#include <pyconfig.h>
+#if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x03100000
 #define Py_BUILD_CORE_MODULE 1
+#endif
 #include <Python.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -18,7 +25,7 @@
  * checked: they take the public API, as does any version after 3.15. */
 
 #if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX < 0x03100000
-#if PY_VERSION_HEX >= 0x030D0000 && defined(__has_include)
+#if defined(Py_BUILD_CORE_MODULE) && defined(__has_include)
 #if __has_include("internal/pycore_tstate.h")
 #include "internal/pycore_tstate.h"
 #define HAVE_TSTATE_IMPL 1
