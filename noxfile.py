@@ -62,7 +62,7 @@ LINT_PATHS = ["src", "tests", "benchmarks", "tools", "docs/examples", "noxfile.p
 def lint(session: nox.Session) -> None:
     """ruff; mypy --strict over the package, tests/typing/ and docs/examples/
     (as 3.11 and as 3.14 read them); stubtest of the extension modules' stubs
-    (_core.pyi, _cffi.pyi) against the built modules."""
+    (_core.pyi, _cffi.pyi, bench/_cbench.pyi) against the built modules."""
     # The checkers are pinned: a new release's rules must not fail CI on
     # unchanged code.  Raise the pins on purpose, with the fixes they ask for.
     session.install("ruff==0.17.6", "mypy==2.4.1", "types-grpcio", "types-tqdm", "pandas-stubs",
@@ -70,7 +70,8 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", *LINT_PATHS, *session.posargs)
     for version in ("3.11", "3.14"):
         session.run("mypy", "--python-version", version)  # files: pyproject.toml
-    session.run("python", "-m", "mypy.stubtest", "bucketimer._core", "bucketimer._cffi")
+    session.run("python", "-m", "mypy.stubtest", "bucketimer._core", "bucketimer._cffi",
+                "bucketimer.bench._cbench")
 
 
 def _gcc_runtime(name: str) -> str:

@@ -1,4 +1,5 @@
-"""Types of ``bucketimer._cffi``, the cffi binding of ``csrc/include/bucketimer.h``.
+"""Types of ``bucketimer._cffi``, the cffi binding of ``csrc/include/bucketimer.h``
+(the core's C API only; the benchmark kit's C is in ``bucketimer.bench._cbench``).
 
 cffi builds ``ffi`` and ``lib`` from the header's declarations; their
 attributes (the C API's functions, types and constants) are not visible to a

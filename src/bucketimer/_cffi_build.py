@@ -1,16 +1,29 @@
-"""cffi out-of-line API-mode builder for ``bucketimer._cffi``.
+"""cffi out-of-line API-mode builder for ``bucketimer._cffi`` and
+``bucketimer.bench._cbench``.
 
-The cdef is the public header ``csrc/include/bucketimer.h`` itself, with its
-preprocessor lines and its ``#ifdef __cplusplus`` blocks removed.  The header
-is written to be parseable this way (fixed-width types, no macros in
-prototypes, every preprocessor line stands alone).
+The two modules, and what each is cdef'd from and linked with:
+
+* ``bucketimer._cffi``: the public header ``csrc/include/bucketimer.h``, the
+  core's C API and nothing else (what tests and users call);
+* ``bucketimer.bench._cbench``: the same header and the benchmark kit's
+  ``csrc/bench/bucketimer_bench.h`` (the reference single-lock heap timer and
+  the GIL-free benchmark loops), for the kit alone.
+
+Each extension links its own static copy of the core, so a core made through
+one module must be used only through that module.
+
+A cdef is the header itself, with its preprocessor lines and its
+``#ifdef __cplusplus`` blocks removed.  The headers are written to be
+parseable this way (fixed-width types, no macros in prototypes, every
+preprocessor line stands alone).
 
 The build (CMakeLists.txt) runs this file as a script::
 
-    python src/bucketimer/_cffi_build.py OUT.c
+    python src/bucketimer/_cffi_build.py [--bench] OUT.c
 
-which writes the generated C source of the extension to ``OUT.c``; CMake then
-compiles it against the static core library.  This file is build-time only: it
+which writes the generated C source of ``bucketimer._cffi`` (with
+``--bench``: of ``bucketimer.bench._cbench``) to ``OUT.c``; CMake then
+compiles it against the static libraries.  This file is build-time only: it
 is not part of the installed package.
 """
 
@@ -25,10 +38,17 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 INCLUDE_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "csrc", "include"))
 HEADER = os.path.join(INCLUDE_DIR, "bucketimer.h")
-# The benchmark kit's header (the reference single-lock heap timer and the
-# GIL-free benchmark loops); it includes bucketimer.h, so it is cdef'd second.
+# The benchmark kit's header; it includes bucketimer.h, so it is cdef'd second.
 BENCH_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "csrc", "bench"))
 BENCH_HEADER = os.path.join(BENCH_DIR, "bucketimer_bench.h")
+
+CORE_MODULE = "bucketimer._cffi"
+BENCH_MODULE = "bucketimer.bench._cbench"
+# module -> the headers cdef'd and included, in that order
+MODULES: dict[str, tuple[str, ...]] = {
+    CORE_MODULE: (HEADER,),
+    BENCH_MODULE: (HEADER, BENCH_HEADER),
+}
 
 _COMMENT_RE = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _IF_RE = re.compile(r"#\s*(if|ifdef|ifndef)\b")
@@ -68,34 +88,32 @@ def header_to_cdef(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def make_ffibuilder(header: str = HEADER, extra_headers: tuple[str, ...] | None = None) -> FFI:
-    """The builder for ``header`` plus ``extra_headers`` (default: the bench
-    header when it exists), cdef'd and included in that order."""
-    if extra_headers is None:
-        extra_headers = (BENCH_HEADER,) if header == HEADER and os.path.exists(BENCH_HEADER) else ()
+def make_ffibuilder(module: str = CORE_MODULE) -> FFI:
+    """The builder of ``module`` (a key of MODULES): its headers cdef'd and
+    included in order."""
+    headers = MODULES[module]
     builder = FFI()
-    includes = []
-    for path in (header, *extra_headers):
+    for path in headers:
         with open(path, encoding="utf-8") as f:
             builder.cdef(header_to_cdef(f.read()))
-        includes.append(f'#include "{os.path.basename(path)}"')
     builder.set_source(
-        "bucketimer._cffi",
-        "\n".join(includes),
-        include_dirs=[INCLUDE_DIR, BENCH_DIR],
+        module,
+        "\n".join(f'#include "{os.path.basename(path)}"' for path in headers),
+        include_dirs=sorted({os.path.dirname(path) for path in headers}),
     )
     return builder
 
 
-ffibuilder = make_ffibuilder()
-
-
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(f"usage: {os.path.basename(argv[0])} OUT.c", file=sys.stderr)
+    args = argv[1:]
+    module = CORE_MODULE
+    if args[:1] == ["--bench"]:
+        module, args = BENCH_MODULE, args[1:]
+    if len(args) != 1 or args[0].startswith("-"):
+        print(f"usage: {os.path.basename(argv[0])} [--bench] OUT.c", file=sys.stderr)
         return 2
-    out = argv[1]
-    ffibuilder.emit_c_code(out)
+    out = args[0]
+    make_ffibuilder(module).emit_c_code(out)
     # cffi leaves an unchanged file untouched; bump its mtime anyway so that
     # the build tool sees the output as newer than its inputs.
     os.utime(out, None)

@@ -209,11 +209,24 @@ def test_plot_lateness_from_a_timer_thread():
     assert len(fig2.axes) == 1
 
 
-# ---- the C reference timer and the GIL-free loops (through _cffi) ------------------
+# ---- the C reference timer and the GIL-free loops (through bench._cbench) ----------
+
+
+def test_bench_c_is_in_the_kits_module_only():
+    """The public cffi module carries the core's API alone; the kit's module
+    carries it too (its cores are made there) and the benchmark C."""
+    from bucketimer import _cffi
+    from bucketimer.bench import _cbench
+
+    for name in ("bt_ref_create", "bt_bench_pairs", "bt_bench_pairs_gated", "bt_bench_fill"):
+        assert not hasattr(_cffi.lib, name), name
+        assert hasattr(_cbench.lib, name), name
+    for name in ("bt_create", "bt_schedule_native", "bt_cancel", "bt_get_stats"):
+        assert hasattr(_cbench.lib, name), name
 
 
 def test_reference_heap_fires_what_was_not_cancelled():
-    from bucketimer._cffi import ffi, lib
+    from bucketimer.bench._cbench import ffi, lib
 
     out = ffi.new("bt_ref_timer **")
     assert lib.bt_ref_create(out) == 0
@@ -241,23 +254,30 @@ def test_reference_heap_fires_what_was_not_cancelled():
         lib.bt_ref_destroy(rt)
 
 
-def test_bench_loops_on_the_bucketed_core(cffi_core):
-    from bucketimer._cffi import ffi, lib
+def test_bench_loops_on_the_bucketed_core():
+    from bucketimer.bench._cbench import ffi, lib
+    from bucketimer.bench._contenders import BUCKETIMER
+    from bucketimer.bench._native import NativeCore
 
-    tt = cffi_core()
-    assert lib.bt_bench_pairs(tt, 30_000_000_000, 5000) > 0
-    gate, start = ffi.new("uint32_t *"), ffi.new("int64_t *")
-    assert lib.bt_bench_pairs_gated(tt, 30_000_000_000, 100, gate, 1, start) > 0
-    assert gate[0] == 1 and start[0] > 0
-    ids = ffi.new("uint64_t[]", 300)
-    assert lib.bt_bench_fill(tt, 60_000_000_000, 120_000_000_000, 300, ids) == 0
-    assert lib.bt_bench_cancel_all(tt, ids, 300) == 300
-    assert lib.bt_bench_cancel_all(tt, ids, 300) == 0
-    st = ffi.new("bt_stats *")
-    lib.bt_get_stats(tt, st)
-    assert st.scheduled == 5000 + 100 + 300
-    assert st.cancelled == 5000 + 100 + 300
-    assert lib.bt_bench_fill(tt, 2, 1, 1, ffi.NULL) < 0  # max < min: -EINVAL
+    # Made through the kit's module, whose loops drive it (as the kit does).
+    core = NativeCore(ffi, lib, BUCKETIMER)
+    try:
+        tt = core.ptr
+        assert lib.bt_bench_pairs(tt, 30_000_000_000, 5000) > 0
+        gate, start = ffi.new("uint32_t *"), ffi.new("int64_t *")
+        assert lib.bt_bench_pairs_gated(tt, 30_000_000_000, 100, gate, 1, start) > 0
+        assert gate[0] == 1 and start[0] > 0
+        ids = ffi.new("uint64_t[]", 300)
+        assert lib.bt_bench_fill(tt, 60_000_000_000, 120_000_000_000, 300, ids) == 0
+        assert lib.bt_bench_cancel_all(tt, ids, 300) == 300
+        assert lib.bt_bench_cancel_all(tt, ids, 300) == 0
+        st = ffi.new("bt_stats *")
+        lib.bt_get_stats(tt, st)
+        assert st.scheduled == 5000 + 100 + 300
+        assert st.cancelled == 5000 + 100 + 300
+        assert lib.bt_bench_fill(tt, 2, 1, 1, ffi.NULL) < 0  # max < min: -EINVAL
+    finally:
+        core.close()
 
 
 # ---- the service benchmark ---------------------------------------------------------

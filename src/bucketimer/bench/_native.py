@@ -1,8 +1,8 @@
 """The ``core`` group: the C core alone, schedule+cancel loops in C on 1..N
-Python threads at once through ``bucketimer._cffi`` (which releases the
-GIL), the bucketed core against the reference single-lock heap of
-``csrc/bench.c`` (docs/performance.rst, "The native core on several
-threads")."""
+Python threads at once through ``bucketimer.bench._cbench`` (the kit's cffi
+module, which releases the GIL), the bucketed core against the reference
+single-lock heap of ``csrc/bench/bench.c`` (docs/performance.rst, "The
+native core on several threads")."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ WARMUP_PAIRS = 100_000
 
 
 class NativeCore:
-    """A bucketed core (bt_create) or a reference heap (bt_ref_create)."""
+    """A bucketed core (bt_create) or a reference heap (bt_ref_create), made
+    and driven through one module's ``ffi`` and ``lib``: each cffi module
+    links its own copy of the core."""
 
     def __init__(self, ffi: Any, lib: Any, name: str) -> None:
         self.ffi, self.lib, self.name = ffi, lib, name
@@ -119,13 +121,8 @@ def steps(runner: Runner) -> int:
 
 def run(runner: Runner) -> None:
     s = runner.suite
-    from bucketimer._cffi import ffi, lib
+    from ._cbench import ffi, lib
 
-    if not hasattr(lib, "bt_ref_bench_pairs_gated"):
-        # A build of the cffi module without the C benchmark loops.
-        runner.notes.append("bucketimer._cffi was built without bucketimer_bench.h: "
-                            "no core rows")
-        return
     impls = [BUCKETIMER] + ([REF_HEAP] if REF_HEAP in runner.want else [])
     delay = int(PAIR_DELAY * 1e9)
     pool = WorkerPool(max(s.core_threads))
