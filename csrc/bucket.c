@@ -67,14 +67,11 @@ static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
     bk->prune_at = 2 * kept > floor ? 2 * kept : floor;
 }
 
-static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int native, void *arg,
-                    uint64_t *out_id) {
-    if (!tt || !out_id) return -EINVAL;
-    if (bt__forked(tt)) return -ECHILD;
-    uint32_t b = bucket_of_caller(tt);
-    struct bt__bucket *bk = &tt->buckets[b];
-    uint64_t seq = atomic_fetch_add_explicit(&tt->seq, 1, memory_order_relaxed);
+/* The steps of a schedule, each inlined into schedule() below. */
 
+/* Takes bucket b's lock with a free slot on its free list: 0 with the lock
+ * held, or -ESHUTDOWN or the pool's error without it. */
+static inline int lock_with_free_slot(bt_timer_thread *tt, uint32_t b, struct bt__bucket *bk) {
     pthread_mutex_lock(&bk->mutex);
     for (;;) {
         /* Checked under the bucket lock: bt_stop sets the flag and then
@@ -85,13 +82,20 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int nat
             pthread_mutex_unlock(&bk->mutex);
             return -ESHUTDOWN;
         }
-        if (bk->free) break;
+        if (bk->free) return 0;
         /* Allocation happens outside the bucket lock (rule 3). */
         pthread_mutex_unlock(&bk->mutex);
         int rc = bt__pool_grow(tt, b);
         if (rc) return rc;
         pthread_mutex_lock(&bk->mutex);
     }
+}
+
+/* Under the bucket lock: pops a free slot, fills it, publishes it PENDING
+ * and pushes it on the bucket's list.  Returns its id, read now: after the
+ * unlock the slot may fire and be freed. */
+static inline uint64_t push_pending_locked(struct bt__bucket *bk, int64_t deadline, uint64_t seq,
+                                           void *target, int native, void *arg) {
     struct bt_timer *t = bk->free;
     bk->free = t->next;
     bk->nfree--;
@@ -106,44 +110,67 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int nat
     atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_PENDING), memory_order_release);
     t->next = bk->head;
     bk->head = t;
+    return ((uint64_t)gen << 32) | t->slot;
+}
+
+/* Under the bucket lock, after a push: counts it and prunes the list if it
+ * reached prune_at (rule 5).  Returns the list's length. */
+static inline uint32_t count_push_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
     uint32_t len = ++bk->length;
     bk->scheduled++;
     if (__builtin_expect(len >= bk->prune_at, 0)) {
         prune_locked(tt, bk);
         len = bk->length;
     }
-    int earlier = deadline < bk->nearest;
-    if (earlier) bk->nearest = deadline;
-    int drain = len >= tt->opt.drain_threshold && (len % tt->opt.drain_threshold) == 0;
-    /* Read before the unlock: after it, the slot may fire and be freed. */
-    uint64_t id = ((uint64_t)gen << 32) | t->slot;
-    pthread_mutex_unlock(&bk->mutex);
+    return len;
+}
 
-    *out_id = id;
-
-    if (tt->opt.manual_clock) {
-        if (drain) bt__request_collect(tt);
-        return 0;
-    }
-    /* Rule 4: only a deadline earlier than the global nearest wakes the
-     * thread; the wake itself happens outside every lock. */
+/* Rule 4, after the bucket lock is dropped, for a deadline earlier than
+ * its bucket's nearest or a list that asks for a drain: signals the thread
+ * only if the deadline is also earlier than the global nearest (or for the
+ * drain); the futex wake itself happens outside every lock. */
+static inline void signal_thread(bt_timer_thread *tt, struct bt__bucket *bk, int64_t deadline,
+                                 int drain) {
     int wake = 0;
-    if (earlier || drain) {
-        pthread_mutex_lock(&tt->wake_mutex);
-        if (deadline < tt->nearest) {
-            tt->nearest = deadline;
-            wake = 1;
-        }
-        if (drain) {
-            tt->nearest = INT64_MIN; /* "collect now" */
-            wake = 1;
-        }
-        if (wake) atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
-        pthread_mutex_unlock(&tt->wake_mutex);
+    pthread_mutex_lock(&tt->wake_mutex);
+    if (deadline < tt->nearest) {
+        tt->nearest = deadline;
+        wake = 1;
     }
+    if (drain) {
+        tt->nearest = INT64_MIN; /* "collect now" */
+        wake = 1;
+    }
+    if (wake) atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->wake_mutex);
     if (wake) {
         atomic_fetch_add_explicit(&bk->wakeups, 1, memory_order_relaxed);
         bt__futex_wake(&tt->nsignals);
+    }
+}
+
+static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int native, void *arg,
+                    uint64_t *out_id) {
+    if (!tt || !out_id) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD;
+    uint32_t b = bucket_of_caller(tt);
+    struct bt__bucket *bk = &tt->buckets[b];
+    uint64_t seq = atomic_fetch_add_explicit(&tt->seq, 1, memory_order_relaxed);
+
+    int rc = lock_with_free_slot(tt, b, bk);
+    if (rc) return rc;
+    uint64_t id = push_pending_locked(bk, deadline, seq, target, native, arg);
+    uint32_t len = count_push_locked(tt, bk);
+    int earlier = deadline < bk->nearest;
+    if (earlier) bk->nearest = deadline;
+    int drain = len >= tt->opt.drain_threshold && (len % tt->opt.drain_threshold) == 0;
+    pthread_mutex_unlock(&bk->mutex);
+
+    *out_id = id;
+    if (tt->opt.manual_clock) {
+        if (drain) bt__request_collect(tt);
+    } else if (earlier || drain) {
+        signal_thread(tt, bk, deadline, drain);
     }
     return 0;
 }

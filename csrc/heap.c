@@ -11,6 +11,11 @@
 
 #include "internal.h"
 
+/* Entries: the first allocation's capacity, and the least a shrink keeps. */
+#define HEAP_MIN_CAP 1024
+/* Entries: a heap's capacity must be above this for a shrink to give any back. */
+#define HEAP_SHRINK_ABOVE 4096
+
 static inline int less(const struct bt__heap_entry *a, const struct bt__heap_entry *b) {
     return a->deadline < b->deadline || (a->deadline == b->deadline && a->seq < b->seq);
 }
@@ -45,7 +50,7 @@ static void sift_down(struct bt__heap *h, size_t i) {
 
 int bt__heap_reserve(struct bt__heap *h, size_t n) {
     if (h->size + n <= h->cap) return 0;
-    size_t cap = h->cap ? h->cap : 1024;
+    size_t cap = h->cap ? h->cap : HEAP_MIN_CAP;
     while (cap < h->size + n) cap *= 2;
     struct bt__heap_entry *v = realloc(h->v, cap * sizeof(*v));
     if (!v) return -ENOMEM;
@@ -93,8 +98,8 @@ size_t bt__heap_sweep(struct bt__heap *h, int (*dead)(struct bt_timer *),
 
 void bt__heap_shrink(struct bt__heap *h) {
     /* Give memory back when the heap shrank a lot. */
-    if (h->cap > 4096 && h->size < h->cap / 4) {
-        size_t cap = h->size * 2 > 1024 ? h->size * 2 : 1024;
+    if (h->cap > HEAP_SHRINK_ABOVE && h->size < h->cap / 4) {
+        size_t cap = h->size * 2 > HEAP_MIN_CAP ? h->size * 2 : HEAP_MIN_CAP;
         struct bt__heap_entry *v = realloc(h->v, cap * sizeof(*v));
         if (v) {
             h->v = v;

@@ -32,10 +32,8 @@ int64_t bt_time_ns(bt_timer_thread *tt) {
     return bt_now_ns();
 }
 
-/* Seconds beyond which a time is past the int64 range in ns (9.22e9 s):
- * never, or (negative) as soon as possible. */
-#define BT_SECONDS_RANGE 9.2e9
-
+/* Beyond BT_SECONDS_RANGE (bucketimer.h): never, or (negative) as soon as
+ * possible. */
 int64_t bt_deadline_at(double when) {
     if (when >= BT_SECONDS_RANGE) return BT_NEVER;
     if (when <= -BT_SECONDS_RANGE) return INT64_MIN / 2;

@@ -5,7 +5,9 @@
  * to the Handle, taken at schedule.  Exactly one party drops it, always
  * with the GIL: cancel() when its CAS wins, the port's consumer after
  * running the callback, or TimerThread.close() for the timers it drops
- * (docs/design.rst, "Ownership of a Handle").
+ * (docs/design.rst, "Ownership of a Handle").  A Handle's fields are touched
+ * only with the GIL held; against the timer thread, the core's CAS on the
+ * slot's state word (not a lock) decides between a cancel and a fire.
  */
 #include "module.h"
 

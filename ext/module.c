@@ -1,8 +1,14 @@
 /*
- * module.c -- bucketimer._core: its functions, and the life of its state
- * (module.h lists the fields): exec fills it, traverse and clear serve the
- * GC, free empties it.  Heap types, multi-phase init, no globals but the
- * module definition.
+ * module.c -- bucketimer._core: its functions and constants, and the life of
+ * its state (module.h lists the fields): exec fills it, traverse and clear
+ * serve the GC, free empties it.  Heap types, multi-phase init, no globals
+ * but the module definition.
+ *
+ * Every file of the module runs with the GIL held (no Py_mod_gil slot: a
+ * free-threaded CPython turns the GIL on), and the GIL is what guards the
+ * state; the core's own locks are taken only inside bt_* calls, and its
+ * timer thread never takes the GIL.  Only timer_thread.c lets the GIL go,
+ * around the bt_* calls that can block.
  */
 #include "module.h"
 
@@ -109,7 +115,10 @@ static int add_constants(PyObject *m) {
     };
     for (size_t i = 0; i < sizeof(constants) / sizeof(constants[0]); i++)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0) return -1;
-    return 0;
+    PyObject *range = PyFloat_FromDouble(BT_SECONDS_RANGE);
+    int rc = PyModule_AddObjectRef(m, "SECONDS_RANGE", range); /* -1 if range is NULL */
+    Py_XDECREF(range);
+    return rc;
 }
 
 static int core_exec(PyObject *m) {

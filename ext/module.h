@@ -1,8 +1,10 @@
 /*
  * module.h -- what the files of bucketimer._core share: the module state,
  * the layouts of the objects more than one file touches, and the functions
- * one file calls in another.  docs/design.rst ("The CPython module") maps
- * which file owns what.
+ * one file calls in another.  Every field here is read and written with the
+ * GIL held (the _Atomic ones too: they are atomic for a free-threaded
+ * build's sake); the core sees a Handle only as an opaque payload.  The
+ * table in docs/design.rst ("The data path") maps which file owns what.
  */
 #ifndef BT_EXT_MODULE_H
 #define BT_EXT_MODULE_H

@@ -5,7 +5,9 @@
  * right before calling each, claims it (POSTED -> RUNNING), so a cancel that
  * lands while it waits still wins.  Runs with the GIL, in the loop's (or the
  * dispatcher's) thread only; detach() closes the fd and releases what is
- * queued unrun (docs/design.rst, "Delivery" and rule 11).
+ * queued unrun (docs/design.rst, "Delivery" and rule 11).  The `draining`
+ * flag keeps a second drain out while one runs (a callback's, or another
+ * thread's detach while a callback has let the GIL go).
  */
 #include "module.h"
 

@@ -2,7 +2,9 @@
  * schedule.c -- what every way of scheduling from Python shares
  * (TimerThread.call_later/call_at, the drop-in loop's schedulers, a
  * Timeout's expiry): the arguments, the time, the loop's port, and the
- * Handle handed to the core.
+ * Handle handed to the core.  Runs on the caller's thread with the GIL
+ * held, which guards what it writes (a TimerThread's loop -> port cache);
+ * bt_schedule_port takes its bucket's lock inside the core, GIL held.
  */
 #include "module.h"
 

@@ -2,7 +2,8 @@
  * scheduler.c -- the drop-in loop's call_at/call_later: a callable bound to
  * (TimerThread, loop), set on the loop instance (loop.py), so that
  * loop.call_later(d, cb) is one vectorcall into schedule.c.  Its handles
- * have asyncio.TimerHandle's semantics (cancel() returns None).
+ * have asyncio.TimerHandle's semantics (cancel() returns None).  A
+ * Scheduler never changes once made; it is called with the GIL held.
  */
 #include "module.h"
 

@@ -1,6 +1,8 @@
 /*
  * timeout.c -- bucketimer.Timeout, timeout() and timeout_at(): asyncio's
- * Timeout with its timer in the core.
+ * Timeout with its timer in the core.  A Timeout, its Steps and the module
+ * state's loop-clock cache are touched only with the GIL held, on the
+ * loop's thread (the expiry runs there too, from the loop's Port).
  *
  * The state machine is asyncio.timeouts.Timeout's of the running Python.
  * 3.11 and 3.12 turn exactly the CancelledError their expiry caused into

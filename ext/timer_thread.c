@@ -2,7 +2,11 @@
  * timer_thread.c -- bucketimer._core.TimerThread: one bt_timer_thread, its
  * lifetime (init, close, dealloc), call_later/call_at, ports and counters.
  * bucketimer.TimerThread (_timers.py) subclasses it for what happens once
- * per loop; the process default lives in the module state.
+ * per loop; the process default lives in the module state.  Its fields are
+ * touched with the GIL held; the one place in the module that lets the GIL
+ * go is here, Py_BEGIN_ALLOW_THREADS around bt_create, bt_stop (it joins
+ * the timer thread), bt_destroy and bt_get_stats; bt_drop_all's drop_handle
+ * runs after bt_stop, with the GIL back.
  */
 #include "module.h"
 

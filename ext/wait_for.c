@@ -2,7 +2,9 @@
  * wait_for.c -- wait_for() of 3.12 and later: asyncio's coroutine
  * `async with timeout(t): return await fut`, written out by hand as a C
  * coroutine object (send/throw/close, __await__, a finaliser), over
- * timeout.c's enter and exit.  See the section comment below.
+ * timeout.c's enter and exit.  See the section comment below.  A WaitFor is
+ * touched only with the GIL held, by whoever drives it (its `running` flag
+ * refuses a re-entrant send/throw/close); it holds no core lock.
  */
 #include "module.h"
 

@@ -58,6 +58,13 @@ enum bt_constants {
     BT_HIST_BUCKETS = 48
 };
 
+/* Seconds beyond which a time is past the int64 range in ns (2^63 ns is
+ * 9.22e9 s): bt_deadline_at and bt_deadline_after saturate there, to never
+ * or (below minus it) as soon as possible.  A double, so a macro: cffi's
+ * cdef takes no float constant and skips preprocessor lines; Python reads
+ * it as bucketimer._core.SECONDS_RANGE. */
+#define BT_SECONDS_RANGE 9.2e9
+
 /* Options for bt_create.  Zero fields take the documented default; call
  * bt_options_init first. */
 typedef struct bt_options {

@@ -409,11 +409,11 @@ static int wait_accounted(void) {
 static void lateness(const bt_stats *s, double *p50_us, double *max_us) {
     uint64_t total = 0, acc = 0;
     int hi = 0, med = -1;
-    for (int i = 0; i < 48; i++) {
+    for (int i = 0; i < BT_HIST_BUCKETS; i++) {
         total += s->lateness_hist[i];
         if (s->lateness_hist[i]) hi = i;
     }
-    for (int i = 0; i < 48 && med < 0; i++) {
+    for (int i = 0; i < BT_HIST_BUCKETS && med < 0; i++) {
         acc += s->lateness_hist[i];
         if (total && 2 * acc >= total) med = i;
     }
@@ -1104,8 +1104,9 @@ static void scenario_garbage_churn(void) {
         bt_get_stats(G.tt, &s);
     } while (K >= 20000 && s.sweeps == 0 && bt_now_ns() < end);
     uint64_t reaped_before_stop = s.reaped, drains = s.drains, sweeps = s.sweeps;
-    /* A sweep needs a heap of at least sweep_min (4096) entries, more than
-     * half of them dead: about 0.3 * 4 * K of them are, when K is big. */
+    /* A sweep needs a heap of at least sweep_min (BT_DEFAULT_SWEEP_MIN)
+     * entries, more than half of them dead: about 0.3 * 4 * K of them are,
+     * when K is big. */
     if (K >= 20000) CHECK(sweeps >= 1);
 
     CHECK(bt_stop(G.tt) == 0);

@@ -232,9 +232,9 @@ static void test_garbage_bounded(void) {
            (unsigned long long)max_list, (unsigned long long)s.slots,
            (unsigned long long)s.drains, (unsigned long long)s.wakeups,
            (unsigned long long)s.heap_size);
-    CHECK(max_list <= 2 * 4096);
+    CHECK(max_list <= 2 * BT_DEFAULT_DRAIN_THRESHOLD);
     CHECK(s.slots <= 64 * 1024);
-    CHECK(s.heap_size <= 4096);
+    CHECK(s.heap_size <= BT_DEFAULT_SWEEP_MIN);
     CHECK(s.wakeups < 1000);
     bt_destroy(tt);
 }
@@ -254,10 +254,11 @@ static void test_heap_sweep(void) {
     CHECK(bt_advance(tt, 1002) == 0);
     bt_stats s;
     bt_get_stats(tt, &s);
-    /* Every 4096th cancel asks for a collect; sweeps ran when the dead were
-     * more than half of a heap of at least 4096: what is left is less. */
+    /* Every BT_DEFAULT_DRAIN_THRESHOLD-th cancel asks for a collect; sweeps
+     * ran when the dead were more than half of a heap of at least
+     * BT_DEFAULT_SWEEP_MIN: what is left is less. */
     CHECK(s.sweeps >= 1);
-    CHECK(s.heap_size < 4096);
+    CHECK(s.heap_size < BT_DEFAULT_SWEEP_MIN);
     CHECK(s.dead + 1 == s.heap_size); /* all dead but the new timer */
     bt_destroy(tt);
 }
@@ -579,7 +580,15 @@ static void test_destroy_from_a_native_callback(void) {
     CHECK(bt_create(NULL, &tt) == 0);
     bt_port *p;
     CHECK(bt_port_open(tt, 1, &p) == 0);
-    struct stopper st = {tt, 1, -1, 0, 0};
+    /* Static: the timer thread's last read of it is ordered with nothing
+     * the test can wait on (it detaches and exits), so its stack frame must
+     * not be reused by the tests that follow. */
+    static struct stopper st;
+    st.tt = tt;
+    st.destroy = 1;
+    atomic_store(&st.rc, -1);
+    atomic_store(&st.calls, 0);
+    atomic_store(&st.others_done, 0);
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     /* Scheduled well before they fall due: tt must not be used after. */

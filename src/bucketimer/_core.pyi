@@ -23,6 +23,7 @@ DEFAULT_DRAIN_THRESHOLD: Final[int]
 MIN_DRAIN_THRESHOLD: Final[int]
 DEFAULT_SWEEP_MIN: Final[int]
 HIST_BUCKETS: Final[int]
+SECONDS_RANGE: Final[float]
 
 def monotonic_ns() -> int: ...
 def timeout(delay: float | None, /) -> Timeout: ...
