@@ -1,7 +1,13 @@
-"""Helpers shared by the race, fault, bad-input and memory tests.
+"""Helpers shared by the race, fault, bad-input, memory and fork tests and
+the soak.
 
 Not a conftest: these are plain functions and classes, imported explicitly
-(``from _helpers import ...``; pytest puts ``tests/`` on ``sys.path``).
+(``from _helpers import ...``): pytest puts ``tests/`` on ``sys.path``, so
+does ``python tests/soak.py``, and :func:`run_python` puts it on the
+``PYTHONPATH`` of the interpreters it starts, so their scripts import these
+helpers too.  Nothing here needs more than bucketimer and the standard
+library at import time (the soak runs with just the package installed):
+hypothesis is imported only by :func:`examples`.
 """
 
 from __future__ import annotations
@@ -15,9 +21,13 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hypothesis import HealthCheck, settings
+if TYPE_CHECKING:
+    from hypothesis import settings
+
+#: this directory (``tests/``), which holds this module
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 #: ``BUCKETIMER_SLOW_TESTS=1`` selects the long profiles of these tests.
 SLOW = os.environ.get("BUCKETIMER_SLOW_TESTS") == "1"
@@ -27,6 +37,8 @@ def examples(default: int, slow: int) -> settings:
     """Hypothesis settings: ``default`` examples, or ``slow`` ones when
     ``BUCKETIMER_SLOW_TESTS=1``.  No deadline: these tests run real threads on
     a shared machine."""
+    from hypothesis import HealthCheck, settings
+
     return settings(
         max_examples=slow if SLOW else default,
         deadline=None,
@@ -84,12 +96,17 @@ def rss_bytes() -> int:
 
 def run_python(code: str, timeout: float = 30.0, env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs ``code`` (dedented) in a fresh interpreter (``sys.executable -c``),
-    with a timeout: a hang fails the test instead of hanging it.  Returns the
-    CompletedProcess (text stdout/stderr)."""
+    with a timeout: a hang fails the test instead of hanging it.  ``tests/``
+    comes first on its ``PYTHONPATH``, so the script can ``from _helpers
+    import ...`` like a test.  Returns the CompletedProcess (text
+    stdout/stderr)."""
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONFAULTHANDLER", "1")
     if env:
         full_env.update(env)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (TESTS_DIR, full_env.get("PYTHONPATH")) if p
+    )
     try:
         return subprocess.run(
             [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(code)],
@@ -173,3 +190,38 @@ def destroy_cffi_core(tt: Any) -> None:
 
     assert lib.bt_stop(tt) == 0
     lib.bt_destroy(tt)
+
+
+def cffi_port(tt: Any, with_fd: bool = True) -> Any:
+    """A ``bt_port *`` of the cffi core ``tt`` (``bt_port_open``), with an
+    eventfd or, ``with_fd=False``, without one.  The core owns it."""
+    from bucketimer._cffi import ffi, lib
+
+    out = ffi.new("bt_port **")
+    rc = lib.bt_port_open(tt, 1 if with_fd else 0, out)
+    assert rc == 0, rc
+    return out[0]
+
+
+def fork_children(child: Callable[[], int], count: int, results: list[int], *,
+                  first_pause: float, pause: float) -> None:
+    """Forks ``count`` children one after the other, ``pause`` s apart (the
+    first after ``first_pause`` s); each runs ``child()`` and exits with the
+    code it returns (``os._exit``, its output flushed first).  Appends each
+    child's exit code (``os.waitstatus_to_exitcode``: minus the signal that
+    killed it) to ``results`` as it ends, so a caller that gave up waiting
+    sees how far it got."""
+    time.sleep(first_pause)
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - in the child
+            code = 1
+            try:
+                code = child()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        results.append(os.waitstatus_to_exitcode(status))
+        time.sleep(pause)

@@ -1,7 +1,9 @@
 """fork(): the parent's TimerThreads refuse work in the child without touching
 their locks (even with another thread holding them at the fork), and a fresh
 default TimerThread works there.  Each scenario runs in a fresh interpreter
-with a timeout, so a deadlock fails the test instead of hanging it.
+with a timeout, so a deadlock fails the test instead of hanging it; the
+scripts take their cffi cores and their fork loop from ``_helpers``
+(:func:`~_helpers.run_python` puts ``tests/`` on their path).
 """
 
 from __future__ import annotations
@@ -96,9 +98,10 @@ def test_fork_with_pending_timers():
 
 
 FORK_FROM_THREAD = r"""
-import errno, os, signal, sys, threading, time, traceback
+import errno, signal, threading, traceback
 import bucketimer
 from bucketimer._cffi import ffi, lib
+from _helpers import cffi_core, cffi_port, destroy_cffi_core, fork_children
 
 stop = threading.Event()
 counts = {"py": 0, "cffi": 0}
@@ -116,14 +119,8 @@ def hammer_py():
 
 # A core driven through cffi: its calls release the GIL, so at fork time this
 # thread may hold a bucket mutex of `core` in the middle of a schedule.
-opt = ffi.new("bt_options *")
-lib.bt_options_init(opt)
-out = ffi.new("bt_timer_thread **")
-assert lib.bt_create(opt, out) == 0
-core = out[0]
-pp = ffi.new("bt_port **")
-assert lib.bt_port_open(core, 1, pp) == 0
-port = pp[0]
+core = cffi_core()
+port = cffi_port(core)
 
 def hammer_cffi():
     id_p = ffi.new("uint64_t *")
@@ -156,32 +153,17 @@ def child():
         assert s.scheduled == 0
         lib.bt_destroy(core)  # a no-op in a child: nothing of it is freed or locked
         # And a fresh core works here.
-        o = ffi.new("bt_timer_thread **")
-        assert lib.bt_create(ffi.NULL, o) == 0
-        assert lib.bt_stop(o[0]) == 0
-        lib.bt_destroy(o[0])
+        destroy_cffi_core(cffi_core())
         return 0
     except BaseException:
         traceback.print_exc()
         return 4
 
-def forker():
-    time.sleep(0.02)
-    for i in range(20):
-        pid = os.fork()
-        if pid == 0:
-            code = child()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        results.append(os.waitstatus_to_exitcode(status))
-        time.sleep(0.002)
-
 threads = [threading.Thread(target=hammer_py), threading.Thread(target=hammer_cffi)]
 for t in threads:
     t.start()
-f = threading.Thread(target=forker)
+f = threading.Thread(target=fork_children, args=(child, 20, results),
+                     kwargs={"first_pause": 0.02, "pause": 0.002})
 f.start()
 f.join(120)
 assert not f.is_alive(), "fork loop hung"
@@ -194,8 +176,7 @@ assert counts["py"] > 0 and counts["cffi"] > 0, counts
 ev = threading.Event()
 bucketimer.call_later(0.001, ev.set)
 assert ev.wait(5)
-lib.bt_stop(core)
-lib.bt_destroy(core)
+destroy_cffi_core(core)
 print("ok", counts)
 """
 
@@ -205,13 +186,14 @@ def test_fork_from_a_thread_while_another_schedules():
     assert out.startswith("ok")
 
 
-# -- interpreter exit -------------------------------------------------------------------
+# -- a fork while other threads hold the cores' locks --------------------------------
 
 
 FORK_WHILE_LOCKS_ARE_HELD = r"""
-import asyncio, errno, os, signal, sys, threading, time, traceback
+import asyncio, errno, signal, threading, traceback
 import bucketimer
 from bucketimer._cffi import ffi, lib
+from _helpers import cffi_core, cffi_port, destroy_cffi_core, fork_children
 
 stop = threading.Event()
 counts = {"stats": 0, "cffi_stats": 0, "loops": 0}
@@ -221,12 +203,9 @@ tt = bucketimer.TimerThread()
 # A core driven through cffi (whose calls release the GIL), with many ports:
 # bt_get_stats walks them under the core's ports mutex, so a fork lands
 # while another thread holds it most of the time.
-out = ffi.new("bt_timer_thread **")
-assert lib.bt_create(ffi.NULL, out) == 0
-core = out[0]
-pp = ffi.new("bt_port **")
+core = cffi_core()
 for _ in range(4000):
-    assert lib.bt_port_open(core, 0, pp) == 0
+    cffi_port(core, with_fd=False)
 
 def hammer_stats():
     while not stop.is_set():
@@ -283,23 +262,11 @@ def child():
         return 4
 
 results = []
-def forker():
-    time.sleep(0.05)
-    for _ in range(30):
-        pid = os.fork()
-        if pid == 0:
-            code = child()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        results.append(os.waitstatus_to_exitcode(status))
-        time.sleep(0.003)
-
 threads = [threading.Thread(target=f) for f in (hammer_stats, hammer_cffi_stats, hammer_loops)]
 for t in threads:
     t.start()
-f = threading.Thread(target=forker)
+f = threading.Thread(target=fork_children, args=(child, 30, results),
+                     kwargs={"first_pause": 0.05, "pause": 0.003})
 f.start()
 f.join(150)
 stop.set()
@@ -310,8 +277,7 @@ hung = sum(1 for r in results if r == -signal.SIGALRM)
 print("children:", len(results), "hung:", hung, "failed:", sum(1 for r in results if r not in (0, -signal.SIGALRM)), counts)
 assert results == [0] * 30, results
 tt.close()
-lib.bt_stop(core)
-lib.bt_destroy(core)
+destroy_cffi_core(core)
 print("ok")
 """
 

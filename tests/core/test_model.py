@@ -37,6 +37,10 @@ INT64_MAX = (1 << 63) - 1
 START = 1_000_000  # the manual clock's start, ns
 NPORTS = 2
 MAX_DRAIN = 1 << 12
+# The core's defaults (bucketimer.h), for the set-ups that keep them.
+DEFAULT_BUCKETS = lib.BT_DEFAULT_BUCKETS
+DEFAULT_DRAIN_THRESHOLD = lib.BT_DEFAULT_DRAIN_THRESHOLD
+DEFAULT_SWEEP_MIN = lib.BT_DEFAULT_SWEEP_MIN
 # The machine's clock stops here: far enough below INT64_MAX that
 # `now - deadline` cannot overflow for its most negative deadline (see
 # test_lateness_does_not_overflow for what happens beyond).
@@ -59,7 +63,7 @@ def _clamp(v: int) -> int:
 class Core:
     """A manual-clock core with NPORTS fd-less ports, through cffi."""
 
-    def __init__(self, drain_threshold: int, sweep_min: int, buckets: int = 13) -> None:
+    def __init__(self, drain_threshold: int, sweep_min: int, buckets: int = DEFAULT_BUCKETS) -> None:
         self.tt = cffi_core(manual_clock=1, manual_start_ns=START, num_buckets=buckets,
                             drain_threshold=drain_threshold, sweep_min=sweep_min)
         self.ports = []
@@ -134,8 +138,8 @@ class CoreVsReference(RuleBasedStateMachine):
     # -- set-up --------------------------------------------------------------
 
     @initialize(
-        drain_threshold=st.sampled_from([1, 2, 3, 5, 4096]),
-        sweep_min=st.sampled_from([1, 2, 2, 4, 4, 8, 4096]),
+        drain_threshold=st.sampled_from([1, 2, 3, 5, DEFAULT_DRAIN_THRESHOLD]),
+        sweep_min=st.sampled_from([1, 2, 2, 4, 4, 8, DEFAULT_SWEEP_MIN]),
     )
     def setup(self, drain_threshold: int, sweep_min: int) -> None:
         note(f"drain_threshold={drain_threshold} sweep_min={sweep_min}")
@@ -407,7 +411,7 @@ TestCoreVsReference = pytest.mark.timeout(3600)(CoreVsReference.TestCase)
 # -- directed scenarios -----------------------------------------------------------------
 
 
-def _pair(drain_threshold=4096, sweep_min=4096):
+def _pair(drain_threshold=DEFAULT_DRAIN_THRESHOLD, sweep_min=DEFAULT_SWEEP_MIN):
     return Core(drain_threshold, sweep_min), Reference(
         start_ns=START, drain_threshold=drain_threshold, sweep_min=sweep_min, nports=NPORTS
     )
