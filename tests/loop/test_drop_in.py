@@ -486,7 +486,6 @@ def test_importing_bucketimer_touches_no_deprecated_name():
     3.14+ importing must not touch asyncio's deprecated policy names."""
     code = (
         "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-        "import sys; sys.modules.setdefault('uvloop', None)  # uvloop warns itself\n"
         "import bucketimer, bucketimer.loop, bucketimer.aio\n"
         "import asyncio\n"
         "async def main():\n"

@@ -3,7 +3,8 @@
 anyio arms a scope's deadline with ``loop.call_at`` and disarms it with the
 handle's ``cancel()`` when the scope exits or its deadline moves, so on the
 drop-in loop every deadline is a native timer; each test checks that on the
-TimerThread's counters.  What is pinned, as anyio documents it:
+TimerThread's counters (``anyio.run`` arms no loop timer of its own, so they
+count anyio's).  What is pinned, as anyio documents it:
 ``fail_after`` raises ``TimeoutError`` and ``move_on_after`` goes on, each at
 its deadline and never before; ``deadline`` is ``current_time() + delay``;
 ``cancel_called`` says the scope was cancelled and ``cancelled_caught`` that
@@ -251,13 +252,20 @@ def test_anyio_scope_inside_fires_first(native: NativeTimers) -> None:
 
 
 def test_timeout_wall_clock_matches_the_loop_clock(native: NativeTimers) -> None:
-    """anyio's current_time() is the loop's time(), the core's clock."""
+    """anyio's current_time() is the loop's time(), the core's clock: a
+    deadline set in it fires, through the core, once ``time.monotonic()``
+    has reached it, and not much later."""
 
-    async def main() -> tuple[float, float, float]:
+    async def main() -> tuple[float, float, float, float, float]:
         a = time.monotonic()
         b = anyio.current_time()
         c = time.monotonic()
-        return a, b, c
+        with anyio.move_on_after(SHORT) as scope:
+            await anyio.sleep(LONG)
+        return a, b, c, scope.deadline, time.monotonic()
 
-    a, b, c = run(native, main)
+    a, b, c, deadline, fired = run(native, main)
     assert a <= b <= c
+    assert deadline <= fired < deadline + SLACK, (deadline, fired)
+    # The deadline fired through the core; the one-hour sleep was disarmed.
+    native.assert_native(min_scheduled=2, min_cancelled=1, min_ran=1)

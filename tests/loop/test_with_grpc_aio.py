@@ -3,7 +3,9 @@
 grpc enforces an RPC's deadline in its own core, not with loop timers; what
 runs on the loop's timers is everything around it: the handlers' sleeps, the
 client's ``asyncio.timeout``.  Each test checks on the TimerThread's counters
-that those went through the native core.  What is pinned: a unary call and a
+that those went through the native core; the harness arms no loop timer (its
+limits are watchdog threads: ``_native_loop.within``), so the counts are
+those timers' alone.  What is pinned: a unary call and a
 server-streaming call within their deadlines succeed and the handler sees the
 deadline in ``time_remaining()``; a call past its deadline ends with
 ``DEADLINE_EXCEEDED`` no earlier than the deadline, after the messages sent
@@ -21,7 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from _native_loop import LONG, SLACK, NativeTimers
+from _native_loop import LONG, SLACK, NativeTimers, within
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc.aio")
@@ -103,9 +105,10 @@ async def serve(service: Service) -> AsyncIterator[Any]:
 
 
 async def handler_ended(service: Service) -> bool:
-    """Waits (at most SLACK) until a hanging handler was cancelled."""
+    """Waits (at most SLACK, with no loop timer) until a hanging handler was
+    cancelled."""
     try:
-        await asyncio.wait_for(service.done.wait(), SLACK)
+        await within(service.done.wait(), SLACK)
     except TimeoutError:
         return False
     return True
