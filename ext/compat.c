@@ -104,7 +104,8 @@ static int is_holder(bt_compat *c, PyObject *v) {
 
 /* This thread's running loop as the private state holds it (borrowed, or
  * Py_None): 0, or 1 if the read cannot tell. */
-static int read_running_loop(bt_compat *c, PyObject **out) {
+static inline __attribute__((always_inline)) int read_running_loop(bt_compat *c,
+                                                                   PyObject **out) {
 #if defined(LOOP_READ_TSTATE)
     (void)c;
     PyObject *loop = ((_PyThreadStateImpl *)PyThreadState_Get())->asyncio_running_loop;
@@ -154,7 +155,9 @@ PyObject *bt_running_loop(bt_compat *c) {
 
 /* The current task of `loop` as the private state holds it (borrowed, or
  * Py_None): 0, or 1 if the read cannot tell. */
-static int read_current_task(bt_compat *c, PyObject *loop, PyObject **out) {
+static inline __attribute__((always_inline)) int read_current_task(bt_compat *c,
+                                                                   PyObject *loop,
+                                                                   PyObject **out) {
 #if defined(TASK_READ_TSTATE)
     (void)c;
     _PyThreadStateImpl *ts = (_PyThreadStateImpl *)PyThreadState_Get();

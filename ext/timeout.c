@@ -429,16 +429,19 @@ static int step_run(StepObject *self, PyObject *arg, PyObject **result) {
         PyErr_SetString(PyExc_TypeError, "can't send non-None value to a just-started coroutine");
         return -1;
     }
-    TimeoutObject *t = (TimeoutObject *)Py_NewRef(self->timeout);
+    /* The step's references are taken over: it is done before it runs, so
+     * a reentrant send() finds it spent. */
+    TimeoutObject *t = self->timeout;
+    PyObject *exc_type = self->exc_type, *exc_val = self->exc_val;
     int op = self->op, rc;
+    self->op = STEP_DONE;
+    self->timeout = NULL;
+    self->exc_type = self->exc_val = NULL;
     if (op == STEP_ENTER) {
-        Step_clear(self);
         PyObject *loop = need_running_loop(t->st);
         rc = loop ? timeout_enter(t, loop, -1) : -1;
         Py_XDECREF(loop);
     } else {
-        PyObject *exc_type = Py_NewRef(self->exc_type), *exc_val = Py_NewRef(self->exc_val);
-        Step_clear(self);
         rc = timeout_exit(t, exc_type, exc_val);
         Py_DECREF(exc_type);
         Py_DECREF(exc_val);
