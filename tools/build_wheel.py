@@ -86,20 +86,27 @@ def arch() -> str:
     return machine
 
 
-def zig_cc_wrapper(tools_py: Path, work: Path) -> Path:
-    """A one-file C compiler for CMake: ``zig cc`` targeting glibc ``GLIBC``."""
+def zig_wrappers(tools_py: Path, work: Path) -> dict[str, Path]:
+    """One-file tools for CMake: ``cc`` is ``zig cc`` targeting glibc
+    ``GLIBC``; ``ar`` and ``ranlib`` are zig's, which read the LLVM bitcode
+    of link-time-optimised objects (CMake finds no archiver for them beside
+    a compiler it takes for clang)."""
     zig = subprocess.run(
         [tools_py, "-c", "import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), 'zig'))"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
     target = f"{arch()}-linux-gnu.{GLIBC[0]}.{GLIBC[1]}"
     extra = "".join(f' -isystem "{d}"' for d in multiarch_python_headers(work))
-    wrapper = work / "zig-cc"
-    # The zig binary itself, not `python -m ziglang`: pip's isolated build
-    # environment hides the tools venv's site-packages from any python.
-    wrapper.write_text(f'#!/bin/sh\nexec "{zig}" cc -target {target}{extra} "$@"\n')
-    wrapper.chmod(0o755)
-    return wrapper
+    commands = {"cc": f"cc -target {target}{extra}", "ar": "ar", "ranlib": "ranlib"}
+    wrappers = {}
+    for tool, command in commands.items():
+        wrapper = work / f"zig-{tool}"
+        # The zig binary itself, not `python -m ziglang`: pip's isolated build
+        # environment hides the tools venv's site-packages from any python.
+        wrapper.write_text(f'#!/bin/sh\nexec "{zig}" {command} "$@"\n')
+        wrapper.chmod(0o755)
+        wrappers[tool] = wrapper
+    return wrappers
 
 
 def multiarch_python_headers(work: Path) -> list[Path]:
@@ -184,7 +191,8 @@ def main() -> int:
     # -- tools -----------------------------------------------------------------
     tools_py = venv(work / "tools")
     run([tools_py, "-m", "pip", "install", "-q", "--only-binary=:all:", *TOOLS])
-    cc = zig_cc_wrapper(tools_py, work)
+    zig = zig_wrappers(tools_py, work)
+    cc = zig["cc"]
 
     # -- 1. the wheel, from the sdist, by zig cc -------------------------------------
     build_py = venv(work / "build")
@@ -192,12 +200,15 @@ def main() -> int:
     run(
         [build_py, "-m", "pip", "wheel", "-v", "--no-cache-dir", "--no-deps", "-w", raw, sdist],
         log_to=work / "build.log",
-        env={**env, "CC": str(cc)},
+        env={**env, "CC": str(cc), "CMAKE_ARGS": (f"-DCMAKE_C_COMPILER_AR={zig['ar']} "
+                                                   f"-DCMAKE_C_COMPILER_RANLIB={zig['ranlib']}")},
     )
     (raw_wheel,) = raw.glob("*.whl")
     build_log = (work / "build.log").read_text(errors="replace")
     if f"Check for working C compiler: {cc}" not in build_log:
         raise SystemExit("the build did not use zig cc (see build.log)")
+    if "no link-time optimisation" in build_log:
+        raise SystemExit("the build made no link-time optimisation (see build.log)")
 
     # -- 2. repair and audit -------------------------------------------------------
     tools_env = {**env, "PATH": f"{tools_py.parent}{os.pathsep}{env.get('PATH', '')}"}
