@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 from . import GROUPS, run
 from ._contenders import CONTENDERS
@@ -52,22 +53,28 @@ def _split(arg: str | None) -> list[str] | None:
     return [x.strip() for x in arg.split(",") if x.strip()] if arg else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def _selection(args: argparse.Namespace) -> tuple[list[str], list[str] | None] | None:
+    """(groups, contenders) the arguments name, or None after saying what is
+    wrong."""
     if args.rounds is not None and args.rounds < 1:
         print("--rounds must be >= 1", file=sys.stderr)
-        return 2
+        return None
     groups = _split(args.only) or list(GROUPS)
     contenders = _split(args.contenders)
     for bad in [g for g in groups if g not in GROUPS]:
         print(f"unknown workload group {bad!r}; known: {', '.join(GROUPS)}", file=sys.stderr)
-        return 2
+        return None
     if contenders is not None:
         for bad in [c for c in contenders if c not in CONTENDERS]:
             print(f"unknown contender {bad!r}; known: {', '.join(CONTENDERS)}", file=sys.stderr)
-            return 2
+            return None
         if "bucketimer" not in contenders:
             contenders.insert(0, "bucketimer")
+    return groups, contenders
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Whether to draw progress bars (a terminal, tqdm installed); says what it runs otherwise."""
     progress = not args.no_progress and sys.stderr.isatty() and not args.load
     if not args.no_progress and not progress and not args.load:
         print(f"bucketimer.bench: running the {args.suite} suite...", file=sys.stderr)
@@ -76,19 +83,53 @@ def main(argv: list[str] | None = None) -> int:
             import tqdm  # noqa: F401
         except ImportError:
             print("note: install tqdm for progress bars", file=sys.stderr)
+    return progress
 
+
+def _load(path: str) -> Any:
+    """The records an earlier --json wrote, printed as the table; None if unreadable."""
+    from . import Records
+    from ._report import read_json
+
+    try:
+        recs, meta = read_json(path)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"cannot load {path}: {e}", file=sys.stderr)
+        return None
+    data = Records(recs, meta)
+    print(format_table(data, sys.stdout))
+    print(f"(loaded from {path}; produced by: {meta.get('command')})")
+    return data
+
+
+def _write_plot(data: Any, path: str) -> None:
+    try:
+        import matplotlib
+
+        if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+            matplotlib.use("Agg")
+    except ImportError:
+        print(f"note: matplotlib is not installed: {path} not written "
+              "(pip install matplotlib)", file=sys.stderr)
+        return
+    from . import plot
+
+    fig = plot(data)
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    selection = _selection(args)
+    if selection is None:
+        return 2
+    groups, contenders = selection
+    progress = _progress(args)
     if args.load:
-        from . import Records
-        from ._report import read_json
-
-        try:
-            recs, meta = read_json(args.load)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"cannot load {args.load}: {e}", file=sys.stderr)
+        data = _load(args.load)
+        if data is None:
             return 2
-        data = Records(recs, meta)
-        print(format_table(data, sys.stdout))
-        print(f"(loaded from {args.load}; produced by: {meta.get('command')})")
     else:
         t0 = time.perf_counter()
         data = run(args.suite, groups=groups, contenders=contenders, progress=progress,
@@ -98,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         print(format_table(data, sys.stdout))
         print(f"({args.suite} suite: {elapsed:.1f} s)")
-
     if args.json:
         write_json(data, args.json)
         print(f"wrote {args.json}")
@@ -106,20 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         write_csv(data, args.csv)
         print(f"wrote {args.csv}")
     if args.plot:
-        try:
-            import matplotlib
-
-            if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
-                matplotlib.use("Agg")
-        except ImportError:
-            print(f"note: matplotlib is not installed: {args.plot} not written "
-                  "(pip install matplotlib)", file=sys.stderr)
-        else:
-            from . import plot
-
-            fig = plot(data)
-            fig.savefig(args.plot, dpi=110)
-            print(f"wrote {args.plot}")
+        _write_plot(data, args.plot)
     return 0
 
 

@@ -100,45 +100,25 @@ def meta_of(data: Any) -> dict[str, Any]:
 
 
 def format_table(data: Any, stream: Any = None) -> str:
-    """The one table: workloads as rows, contenders as columns."""
+    """The one table: workloads as rows, contenders as columns; under it the
+    legend, the verdicts and the run's notes."""
     sym = symbols(stream)
     recs = as_records(data)
     meta = meta_of(data)
-    cols = [c for c in CONTENDERS if any(r["contender"] == c for r in recs)]
-    rows: list[tuple[str, str, str]] = []  # (workload, label, better)
-    for r in recs:
-        key = (r["workload"], r["label"], r["better"])
-        if key not in rows:
-            rows.append(key)
-    by = {(r["workload"], r["contender"]): r for r in recs}
-    header = ["workload"] + cols
-    body: list[list[str]] = []
-    groups: list[str] = []
-    group_of = {r["workload"]: r["group"] for r in recs}
-    for workload, label, better in rows:
-        arrow = {"lower": sym["down"], "higher": sym["up"]}.get(better, " ")
-        line1 = [f"{arrow} {label}"]
-        line2 = [""]
-        for c in cols:
-            rec = by.get((workload, c))
-            v, q = _cell(rec, sym) if rec is not None else ("", "")
-            line1.append(v)
-            line2.append(q)
-        body.append(line1)
-        groups.append(group_of[workload])
-        if any(line2[1:]):
-            body.append(line2)
-            groups.append(group_of[workload])
-    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+    machine = meta.get("machine", {})
+    out = [_title(recs, meta), *_grid(recs, sym), ""]
+    out.extend(_legend(recs, sym))
+    out.extend(core_verdict(recs, machine))
+    out.extend(reset_verdict(recs))
+    out.extend(service_verdict(recs))
+    out.extend(_notes(meta))
+    return "\n".join(out)
 
-    def fmt(row: Sequence[str]) -> str:
-        first = row[0].ljust(widths[0])
-        rest = "  ".join(cell.rjust(w) for cell, w in zip(row[1:], widths[1:]))
-        return (first + "  " + rest).rstrip()
 
+def _title(recs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    """The suite, its rounds and the machine, in one line."""
     suite = meta.get("suite", {})
     machine = meta.get("machine", {})
-    out = []
     title = "bucketimer.bench"
     if suite:
         service = (f", {suite.get('service_rounds')} of the service"
@@ -147,20 +127,52 @@ def format_table(data: Any, stream: Any = None) -> str:
     if machine:
         title += (f" -- Python {machine.get('python')}, {machine.get('cpus_usable')} CPUs, "
                   f"{machine.get('cpu_model') or machine.get('machine')}")
-    out.append(title)
-    out.append(fmt(header))
-    out.append("-" * len(fmt(header)))
+    return title
+
+
+def _grid(recs: list[dict[str, Any]], sym: dict[str, str]) -> list[str]:
+    """The header, a rule, and a row per workload (with its ratios below it),
+    a blank line between groups."""
+    cols = [c for c in CONTENDERS if any(r["contender"] == c for r in recs)]
+    rows: list[tuple[str, str, str]] = []  # (workload, label, better), in first-seen order
+    for r in recs:
+        key = (r["workload"], r["label"], r["better"])
+        if key not in rows:
+            rows.append(key)
+    by = {(r["workload"], r["contender"]): r for r in recs}
+    group_of = {r["workload"]: r["group"] for r in recs}
+    header = ["workload"] + cols
+    body: list[tuple[list[str], str]] = []  # (cells, group)
+    for workload, label, better in rows:
+        arrow = {"lower": sym["down"], "higher": sym["up"]}.get(better, " ")
+        cells = [_cell(by[(workload, c)], sym) if (workload, c) in by else ("", "") for c in cols]
+        body.append(([f"{arrow} {label}", *(v for v, _ in cells)], group_of[workload]))
+        if any(q for _, q in cells):
+            body.append((["", *(q for _, q in cells)], group_of[workload]))
+    widths = [max(len(row[i]) for row in [header] + [b for b, _ in body])
+              for i in range(len(header))]
+
+    def fmt(row: Sequence[str]) -> str:
+        first = row[0].ljust(widths[0])
+        rest = "  ".join(cell.rjust(w) for cell, w in zip(row[1:], widths[1:]))
+        return (first + "  " + rest).rstrip()
+
+    out = [fmt(header), "-" * len(fmt(header))]
     prev = None
-    for row, group in zip(body, groups):
+    for row, group in body:
         if prev is not None and group != prev:
             out.append("")
         out.append(fmt(row))
         prev = group
-    out.append("")
-    out.append(f"Each cell: the median over rounds {sym['pm']} half the interquartile range; "
-               f"{sym['x']}N below it = that median / bucketimer's.")
-    out.append(f"{sym['down']} lower is better, {sym['up']} higher is better.  Lateness = "
-               "callback start - deadline (early fires: negative).")
+    return out
+
+
+def _legend(recs: list[dict[str, Any]], sym: dict[str, str]) -> list[str]:
+    """How to read the cells, and the rows of the groups present."""
+    out = [f"Each cell: the median over rounds {sym['pm']} half the interquartile range; "
+           f"{sym['x']}N below it = that median / bucketimer's.",
+           f"{sym['down']} lower is better, {sym['up']} higher is better.  Lateness = "
+           "callback start - deadline (early fires: negative)."]
     if any(r["group"] == "service" for r in recs):
         out.append("Service rows: a streams server on 127.0.0.1, one process per turn, "
                    "under N connections of a load generator in another process; latency "
@@ -170,18 +182,21 @@ def format_table(data: Any, stream: Any = None) -> str:
         out.append(f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
                    f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one "
                    "mutex around one binary heap.")
-    out.extend(core_verdict(recs, machine))
-    out.extend(reset_verdict(recs))
-    out.extend(service_verdict(recs))
+    return out
+
+
+def _notes(meta: dict[str, Any]) -> list[str]:
+    """A busy machine at the start, and the notes run() attached."""
+    machine = meta.get("machine", {})
+    out = []
     load = machine.get("loadavg_before") or machine.get("loadavg")
     usable = machine.get("cpus_usable")
     if load and usable and load[0] > 0.5 * usable:
         out.append(f"note: the 1-minute load average was {load[0]:.2f} on {usable} CPUs when "
                    "the run started: other processes competed for the CPUs, so spreads are "
                    "wide and the thread rows understate what the cores can do.")
-    for note in meta.get("notes", []):
-        out.append(f"note: {note}")
-    return "\n".join(out)
+    out.extend(f"note: {note}" for note in meta.get("notes", []))
+    return out
 
 
 def core_verdict(recs: list[dict[str, Any]], machine: dict[str, Any]) -> list[str]:

@@ -373,6 +373,9 @@ class SlowCallInterceptor(
 
     def _wrap(self, behavior: Callable[..., Any], method: str,
               request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        # Long because it holds the per-call wrappers themselves, as closures:
+        # what they read per call is then a closure cell, not an attribute
+        # (docs/grpc.rst, "Costs").
         if not _is_async(behavior):
             return behavior
         ic = self

@@ -490,6 +490,9 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
 
     def _wrap(self, behavior: Callable[..., Any], method: str,
               request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        # Long because it holds the per-call wrappers themselves, as closures:
+        # what they read per call is then a closure cell, not an attribute
+        # (docs/grpc.rst, "Costs").
         ic = self
         begin = self._context_class._begin
         interrupt = self._interrupt
