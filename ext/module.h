@@ -165,9 +165,10 @@ typedef struct TimeoutObject {
     PyObject *handler;  /* our Handle, or the loop's call_soon handle */
     PyObject *task;
     PyObject *on_timeout; /* bound _on_timeout, made on first arming */
+    PyObject *step;       /* the Step __aenter__ returned, kept to serve __aexit__ */
     PyObject *weakreflist;
 } TimeoutObject;
-#define TIMEOUT_REFS(X) X(when) X(handler) X(task) X(on_timeout)
+#define TIMEOUT_REFS(X) X(when) X(handler) X(task) X(on_timeout) X(step)
 
 
 /* ---- types (their specs, added to the module by module.c) --------------- */

@@ -96,7 +96,7 @@ static PyObject *timeout_make(core_state *st, PyObject *when) {
     self->state = T_CREATED;
     self->cancelling = 0;
     self->when = Py_NewRef(when);
-    self->handler = self->task = self->on_timeout = NULL;
+    self->handler = self->task = self->on_timeout = self->step = NULL;
     self->weakreflist = NULL;
     PyObject_GC_Track(self);
     return (PyObject *)self;
@@ -554,7 +554,25 @@ PyType_Spec Step_spec = {
 /* ---- the Timeout's methods ---------------------------------------------------- */
 
 static PyObject *Timeout_aenter(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
-    return step_new(self, STEP_ENTER, NULL, NULL);
+    PyObject *s = step_new(self, STEP_ENTER, NULL, NULL);
+#ifndef Py_GIL_DISABLED
+    if (s) Py_XSETREF(self->step, Py_NewRef(s));
+#endif
+    return s;
+}
+
+/* The Step __aenter__ returned, made an exit step again, if it ran and
+ * nobody but this Timeout holds it (so nobody can tell it is the same
+ * object): a second Step, and its allocation, spared per `async with`. */
+static PyObject *reuse_step(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val) {
+    StepObject *s = (StepObject *)self->step;
+    if (!s || Py_REFCNT(s) != 1 || s->op != STEP_DONE) return NULL;
+    s->op = STEP_EXIT;
+    s->timeout = (TimeoutObject *)Py_NewRef(self);
+    s->exc_type = Py_NewRef(exc_type);
+    s->exc_val = Py_NewRef(exc_val);
+    self->step = NULL; /* the caller's reference now; the step holds self */
+    return (PyObject *)s;
 }
 
 static PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -562,7 +580,8 @@ static PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_TypeError, "__aexit__ takes exc_type, exc_val, exc_tb");
         return NULL;
     }
-    return step_new(self, STEP_EXIT, args[0], args[1]);
+    PyObject *s = reuse_step(self, args[0], args[1]);
+    return s ? s : step_new(self, STEP_EXIT, args[0], args[1]);
 }
 
 static PyObject *Timeout_when(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {

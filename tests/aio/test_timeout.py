@@ -13,8 +13,10 @@ import asyncio
 import contextvars
 import decimal
 import fractions
+import gc
 import math
 import sys
+import weakref
 
 import pytest
 from _helpers import examples
@@ -387,6 +389,38 @@ def test_enter_and_exit_awaitables_are_one_shot(t, run):
         return repr(cm), repr(fresh)
 
     assert run(main()) == ("<Timeout [finished]>", "<Timeout [created]>")
+
+def test_an_awaitable_the_caller_holds_is_never_handed_out_again(t, run):
+    """bucketimer hands __aenter__'s spent awaitable out again as
+    __aexit__'s only when nobody else holds it: one the caller kept stays
+    spent, and __aexit__ gives a fresh one."""
+
+    async def main():
+        cm = t.timeout(30)
+        enter = cm.__aenter__()
+        await enter
+        exit_ = cm.__aexit__(None, None, None)
+        assert exit_ is not enter
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            await enter
+        await exit_
+        return repr(cm)
+
+    assert run(main()) == "<Timeout [finished]>"
+
+def test_a_timeout_whose_enter_was_dropped_unawaited_is_collected():
+    """The Timeout keeps __aenter__'s awaitable (to serve __aexit__ with it)
+    and that awaitable keeps the Timeout until it runs: dropped unawaited,
+    the two are a cycle the garbage collector frees."""
+
+    async def main():
+        cm = bucketimer.timeout(30)
+        cm.__aenter__()
+        return weakref.ref(cm)
+
+    ref = asyncio.run(main())
+    gc.collect()
+    assert ref() is None
 
 def test_stop_iteration_that_picked_up_notes_is_not_reused(t, run):
     """bucketimer raises one StopIteration again and again while nobody else
