@@ -207,6 +207,9 @@ class TimerThread(_core.TimerThread):
             except Exception:  # a loop half torn down: nothing to unregister
                 pass
         port.detach()
+        # Timers not yet due would otherwise keep the loop (through their
+        # callbacks and this port) alive until their deadlines.
+        port.cancel_pending()
 
     def _audit_loops(self) -> None:
         """Detach the ports of loops that closed without our close hook

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 import pytest
 
@@ -319,6 +320,48 @@ def test_pending_timers_dropped_at_close(loop):
     loop.close()
     time.sleep(0.01)
     assert got == []
+
+
+def test_closed_loop_with_pending_timers_is_collected(kind):
+    """Closing a loop lets it go at once, pending timers or not: they would
+    never run anyway, and what they hold (here a future of the loop) must
+    not keep it alive until their deadlines."""
+    lp = LOOPS[kind]()
+
+    async def arm_inside():
+        fut = lp.create_future()
+        lp.call_later(100, fut.set_result, 1)
+
+    lp.run_until_complete(arm_inside())
+    fut = lp.create_future()
+    lp.call_at(lp.time() + 100, fut.set_result, 2)  # from outside the loop
+    lp.call_later(100, print)
+    ref = weakref.ref(lp)
+    lp.close()
+    del lp, fut
+    gc.collect()
+    assert ref() is None
+
+
+def test_close_cancels_its_pending_native_timers(native_loop_kind):
+    """They leave the core at the close, counted once (rule 10 of
+    docs/design.rst), and the handles answer as asyncio's do after a close."""
+    tt = bucketimer.TimerThread()
+    try:
+        lp = LOOPS[native_loop_kind](timer_thread=tt)
+        got = []
+        handles = [lp.call_later(100 + i, got.append, i) for i in range(1000)]
+        lp.run_until_complete(asyncio.sleep(0))
+        lp.close()
+        s = tt.stats()
+        assert s["scheduled"] - s["ran"] == 1000  # asyncio.sleep(0) arms no timer
+        assert s["cancelled"] + s["dropped"] == 1000
+        assert not any(h.cancelled() for h in handles)  # not cancelled: dropped
+        handles[0].cancel()
+        assert handles[0].cancelled()
+        assert got == []
+    finally:
+        tt.close()
 
 
 def test_run_twice(loop):
