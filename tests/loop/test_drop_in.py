@@ -20,8 +20,10 @@ import threading
 import time
 import warnings
 import weakref
+from unittest import mock
 
 import pytest
+from _native_loop import within
 
 import bucketimer
 from bucketimer import loop as bt_loop
@@ -709,6 +711,50 @@ def test_native_subclass_overrides_respected(native_loop_kind):
     finally:
         lp.close()
     assert calls  # call_later (asyncio.sleep) went through the subclass's call_at
+
+
+@pytest.mark.parametrize("kind", ["stock", "bucketimer"])
+def test_timers_follow_a_patched_time(kind):
+    """A test that moves time forward by replacing ``loop.time`` on the
+    instance sees timers fall due as on the stock loop, and the loop's own
+    timers come back once the replacement is undone."""
+    lp = LOOPS[kind]()
+    fired = []
+
+    async def main():
+        real = lp.time()
+        with mock.patch.object(lp, "time", return_value=real):
+            at = lp.create_future()
+            lp.call_at(real + 3600, at.set_result, "at")
+            sleeper = asyncio.ensure_future(asyncio.sleep(3600, "slept"))
+            await asyncio.sleep(0)  # the sleep arms its timer
+            lp.time.return_value = real + 7200
+            fired.append(await at)
+            fired.append(await sleeper)
+        assert ("call_later" in vars(lp)) == (kind in NATIVE)
+        fired.append(await asyncio.sleep(0.001, "after"))
+
+    try:
+        # a thread's watchdog: the loop's timers go by the patched clock
+        lp.run_until_complete(within(main(), 60))
+    finally:
+        lp.close()
+    assert fired == ["at", "slept", "after"]
+
+
+@pytest.mark.skipif(uvloop is None, reason="uvloop is not installed")
+def test_native_patched_time_on_the_uvloop_based_loop_gets_uvloops_timers():
+    lp = LOOPS["bucketimer-uv"]()
+    try:
+        with mock.patch.object(lp, "time", return_value=0.0):
+            h = lp.call_later(3600, lambda: None)
+            assert not isinstance(h, bucketimer.Handle)
+            h.cancel()
+        h = lp.call_later(3600, lambda: None)
+        assert isinstance(h, bucketimer.Handle)
+        h.cancel()
+    finally:
+        lp.close()
 
 
 def test_native_virtual_clock_subclass_gets_stock_timers():
