@@ -106,6 +106,19 @@ def test_when(loop):
     h2.cancel()
 
 
+@pytest.mark.parametrize("kind", sorted(set(LOOPS) - {"uvloop"}))
+def test_private_when(kind):
+    """``TimerHandle._when``, which tests read (uvloop's handles have none)."""
+    lp = LOOPS[kind]()
+    try:
+        at = float(int(lp.time()) + 12345) + 0.5
+        h = lp.call_at(at, lambda: None)
+        assert h._when == h.when() == at
+        h.cancel()
+    finally:
+        lp.close()
+
+
 def test_cancel_prevents_call(loop):
     got = []
     h = loop.call_later(0.01, got.append, 1)
@@ -755,6 +768,14 @@ def test_native_patched_time_on_the_uvloop_based_loop_gets_uvloops_timers():
         h.cancel()
     finally:
         lp.close()
+
+
+def test_native_handle_is_not_a_timer_handle(native_loop):
+    h = native_loop.call_later(3600, lambda: None)
+    try:
+        assert not isinstance(h, asyncio.TimerHandle)  # docs/asyncio.rst says why
+    finally:
+        h.cancel()
 
 
 def test_native_virtual_clock_subclass_gets_stock_timers():
