@@ -344,8 +344,9 @@ def test_closed_loop_with_pending_timers_is_collected(kind):
     lp = LOOPS[kind]()
 
     async def arm_inside():
-        fut = lp.create_future()
-        lp.call_later(100, fut.set_result, 1)
+        running = asyncio.get_running_loop()
+        fut = running.create_future()
+        running.call_later(100, fut.set_result, 1)
 
     lp.run_until_complete(arm_inside())
     fut = lp.create_future()
