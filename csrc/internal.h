@@ -226,6 +226,13 @@ void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
  * Returns 1 if the slot goes back to a free list, 0 if its generations are
  * used up and it must never be handed out again (pool.c). */
 int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t);
+/* Cancels every PENDING or POSTED timer bound to `port` (every one, native
+ * timers too, when port is NULL), walking the whole slot directory, and
+ * calls on_drop(ctx, its port, its payload) for each cancel it won.  Its
+ * CAS races fires, cancels and the slot's reuse as bt_cancel's does, so it
+ * may run beside a live timer thread.  Counts them in `cancelled`; returns
+ * how many. */
+int64_t bt__pool_cancel(bt_timer_thread *tt, const bt_port *port, bt_drop_fn on_drop, void *ctx);
 
 /* heap.c */
 /* Makes room for n more entries: 0, or -ENOMEM (the heap is unchanged). */

@@ -109,3 +109,36 @@ int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t) {
     atomic_fetch_add_explicit(&tt->slots_retired, 1, memory_order_relaxed);
     return 0;
 }
+
+int64_t bt__pool_cancel(bt_timer_thread *tt, const bt_port *port, bt_drop_fn on_drop, void *ctx) {
+    int64_t n = 0;
+    uint32_t nblocks = atomic_load_explicit(&tt->nblocks, memory_order_acquire);
+    for (uint32_t bl = 0; bl < nblocks; bl++) {
+        struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);
+        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
+            struct bt_timer *t = &block[i];
+            uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+            for (;;) {
+                uint32_t st = BT_WORD_STATE(w);
+                if (st != BT_S_PENDING && st != BT_S_POSTED) break;
+                /* Read before the CAS: once it succeeds the slot's owner may
+                 * free and reuse it at once.  The acquire load of w made this
+                 * generation's fields visible; if the slot moved on since,
+                 * the CAS fails and the loop looks again. */
+                bt_port *p = bt__port_of(t);
+                void *arg = BT_LOAD(t->arg);
+                if (port && p != port) break;
+                if (atomic_compare_exchange_weak_explicit(
+                        &t->word, &w, BT_WORD(BT_WORD_GEN(w), BT_S_CANCELLED),
+                        memory_order_acq_rel, memory_order_acquire)) {
+                    n++;
+                    if (on_drop) on_drop(ctx, p, arg);
+                    break;
+                }
+            }
+        }
+    }
+    /* Counted as cancels (rule 10), in one add. */
+    atomic_fetch_add_explicit(&tt->buckets[0].cancelled, (uint64_t)n, memory_order_relaxed);
+    return n;
+}

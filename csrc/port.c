@@ -127,6 +127,18 @@ int bt_port_detach(bt_port *port) {
 
 bt_port *bt_orphans(bt_timer_thread *tt) { return tt ? tt->orphans : NULL; }
 
+/* O(slots): for a port that is going away (its loop closed), not a hot path. */
+int64_t bt_port_cancel_all(bt_port *port, bt_drop_fn on_drop, void *ctx) {
+    if (!port) return -EINVAL;
+    bt_timer_thread *tt = port->tt;
+    if (bt__forked(tt)) return -ECHILD;
+    if (port == tt->orphans) return -EINVAL; /* holds no timer of its own */
+    int64_t n = bt__pool_cancel(tt, port, on_drop, ctx);
+    /* Rule 5: the cancelled entries are garbage in the lists and the heap. */
+    if (n >= (int64_t)tt->opt.drain_threshold) bt__request_collect(tt);
+    return n;
+}
+
 static void push_chain(bt_port *port, struct bt_timer *head, struct bt_timer *tail) {
     /* head..tail is in reverse fire order (newest first), as a stack wants. */
     struct bt_timer *old = atomic_load_explicit(&port->stack, memory_order_relaxed);

@@ -114,6 +114,12 @@ static PyObject *Handle_get_context(HandleObject *self, PyObject *Py_UNUSED(igno
     return Py_NewRef(self->context);
 }
 
+/* asyncio.TimerHandle's private `_when`, which tests read from what
+ * loop.call_at returned (docs/asyncio.rst, "The drop-in loop"). */
+static PyObject *Handle_get_when(HandleObject *self, void *Py_UNUSED(c)) {
+    return PyFloat_FromDouble(self->when);
+}
+
 static PyObject *Handle_get_id(HandleObject *self, void *Py_UNUSED(c)) {
     return PyLong_FromUnsignedLongLong(self->id);
 }
@@ -162,6 +168,7 @@ static PyMethodDef Handle_methods[] = {
 
 static PyGetSetDef Handle_getset[] = {
     {"id", (getter)Handle_get_id, NULL, "The core's versioned timer id.", NULL},
+    {"_when", (getter)Handle_get_when, NULL, "when(), as asyncio.TimerHandle's _when.", NULL},
     {"loop", (getter)Handle_get_loop, NULL, "The loop it is delivered to (None: dispatcher).",
      NULL},
     {"callback", (getter)Handle_get_callback, NULL, "The callback (None once finished).", NULL},

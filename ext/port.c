@@ -124,6 +124,17 @@ static PyObject *Port_drain(PortObject *self, PyObject *Py_UNUSED(ignored)) {
     return Port_drain_impl(self, 0);
 }
 
+/* Cancels the timers still bound to this port, wherever they wait (the
+ * core's lists and heap, this queue, the orphans'), and releases what they
+ * hold: a closed loop's timers must not keep it (through their callbacks and
+ * this port) alive until their deadlines.  O(the core's slots): once per
+ * loop close. */
+static PyObject *Port_cancel_pending(PortObject *self, PyObject *Py_UNUSED(ignored)) {
+    int64_t n = bt_port_cancel_all(self->port, drop_handle, NULL);
+    if (n < 0) return raise_errno((int)n, "cancel_pending");
+    return PyLong_FromLongLong(n);
+}
+
 static PyObject *Port_fileno(PortObject *self, PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromLong(bt_port_fd(self->port));
 }
@@ -154,6 +165,9 @@ static PyMethodDef Port_methods[] = {
      "The eventfd that becomes readable when timers are posted (-1 when detached)."},
     {"detach", (PyCFunction)Port_detach, METH_NOARGS,
      "Close the fd and drop queued timers without running them."},
+    {"cancel_pending", (PyCFunction)Port_cancel_pending, METH_NOARGS,
+     "Cancel every timer of this port not yet run, releasing what it holds; "
+     "returns how many."},
     {NULL}};
 
 static PyGetSetDef Port_getset[] = {

@@ -225,6 +225,15 @@ int32_t bt_port_fd(bt_port *port);
  * post to this port in progress on the timer thread (one push and one fd
  * write).  Its memory lives until bt_destroy.  -EINVAL for the orphan port. */
 int bt_port_detach(bt_port *port);
+/* Cancels every timer bound to the port that has not started: PENDING ones,
+ * and POSTED ones still queued (here or, once detached, on the orphan port).
+ * on_drop(ctx, port, payload) is called for each, as by bt_drop_all, from
+ * the calling thread; they count as cancelled.  Meant for a port that is
+ * going away: it looks at every slot of the core, O(slots).  The core may be
+ * running (each cancel races fires as bt_cancel's does); a timer scheduled
+ * for the port during the walk may be missed.  Returns how many, -EINVAL for
+ * the orphan port, -ECHILD after fork (see bt_port_open). */
+int64_t bt_port_cancel_all(bt_port *port, bt_drop_fn on_drop, void *ctx);
 /* Port receiving timers whose own port was detached.  Its consumer releases
  * them without running them. */
 bt_port *bt_orphans(bt_timer_thread *tt);

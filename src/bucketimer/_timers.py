@@ -207,6 +207,9 @@ class TimerThread(_core.TimerThread):
             except Exception:  # a loop half torn down: nothing to unregister
                 pass
         port.detach()
+        # Timers not yet due would otherwise keep the loop (through their
+        # callbacks and this port) alive until their deadlines.
+        port.cancel_pending()
 
     def _audit_loops(self) -> None:
         """Detach the ports of loops that closed without our close hook
@@ -224,14 +227,21 @@ class TimerThread(_core.TimerThread):
     # -- the dispatcher thread ----------------------------------------------
 
     def _poke_dispatcher(self) -> None:
+        """Wakes the dispatcher.  Never blocks (a loop's thread calls it, with
+        _lock held): the pipe is non-blocking, and a full pipe already holds
+        a wake, which is all the dispatcher needs, as asyncio's self-pipe."""
         if self._wake_w >= 0:
-            os.write(self._wake_w, b"p")
+            try:
+                os.write(self._wake_w, b"p")
+            except (BlockingIOError, BrokenPipeError):  # full, or the dispatcher is gone
+                pass
 
     def _start_dispatcher(self) -> None:
         if self._thread is not None:
             return
         self._orphan_port = self._orphans()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         if self._dispatcher is None:
             port = self._open_port(None)
             port.on_error = _report_to_log
@@ -277,7 +287,7 @@ class TimerThread(_core.TimerThread):
                     self._detach_loop(loop)
         t = self._thread
         if t is not None:
-            os.write(self._wake_w, b"x")
+            self._poke_dispatcher()  # it sees _closing and exits
             if t is not threading.current_thread():
                 t.join(timeout=join_timeout)
             os.close(self._wake_w)  # the dispatcher closes _wake_r as it exits
@@ -318,8 +328,10 @@ _AUDIT_PERIOD = 1.0
 def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -> None:
     """The dispatcher thread: runs timers that belong to no loop, releases
     (without running) timers whose loop closed before they came due, and
-    while its TimerThread serves loops, audits them once a second.  The wake
-    pipe carries b"p" (look at the loops) and b"x" (exit)."""
+    while its TimerThread serves loops, audits them once a second.  A byte
+    on the wake pipe means "look again": at the loops, and at whether the
+    TimerThread is closing, when the thread exits.  (No byte carries a
+    meaning of its own: a full pipe drops pokes.)"""
     fds = [port.fileno(), orphans.fileno(), wake_r]
     next_audit = time.monotonic() + _AUDIT_PERIOD
     try:
@@ -332,8 +344,13 @@ def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -
                 ready, _, _ = select.select(fds, [], [], timeout)
             except (OSError, ValueError):  # an fd was closed under us: closing
                 return
-            if wake_r in ready and b"x" in os.read(wake_r, 64):
-                return
+            if wake_r in ready:
+                os.read(wake_r, 4096)
+                tt = tt_ref()
+                closing = tt is None or tt._closing
+                del tt
+                if closing:
+                    return
             try:
                 port.drain()
                 orphans.drain()

@@ -35,8 +35,10 @@ What differs from the stock loop, on purpose:
   ``asyncio.run(debug=True)``) timers go to the stock asyncio path, so that
   debug mode keeps all its checks: the thread check, the coroutine-callback
   check, source tracebacks and the slow-callback warning naming the callback.
-* A subclass that overrides ``time()`` (a virtual clock) gets the stock
-  timers too: the core's clock is CLOCK_MONOTONIC.
+* A subclass that overrides ``time()`` (a virtual clock), or a loop whose
+  ``time`` is replaced on the instance (``mock.patch.object(loop, "time")``,
+  as tests that move time forward do), gets the stock timers too, for as
+  long as the replacement lasts: the core's clock is CLOCK_MONOTONIC.
 
 :class:`UVEventLoop` (when uvloop is installed) is the same on top of
 ``uvloop.Loop``.
@@ -116,9 +118,15 @@ class _NativeTimersMixin:
         return tt
 
     def _bt_native(self) -> bool:
-        """True when timers go to the native core (not debug, stock clock)."""
+        """True when timers go to the native core: not in debug mode, and
+        ``time`` is the stock clock, neither overridden by a subclass nor
+        replaced on the instance (``mock.patch.object(loop, "time")``)."""
         cls = type(self)
-        return not self.get_debug() and cls.time is cls._bt_stock_time  # type: ignore[attr-defined]
+        return (
+            not self.get_debug()  # type: ignore[attr-defined]
+            and cls.time is cls._bt_stock_time  # type: ignore[attr-defined]
+            and "time" not in self.__dict__
+        )
 
     def _bt_update_fast_path(self) -> None:
         cls = type(self)
@@ -179,6 +187,19 @@ class _NativeTimersMixin:
         return self._bt_later(delay, callback, *args, context=context)
 
     # -- switches ----------------------------------------------------------------
+
+    # A ``time`` set on (or deleted from) the instance switches the timers
+    # to the stock path and back, so that they follow the clock the loop
+    # reads: the C schedulers on the instance are never asked (docs/asyncio.rst).
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "time" and self._bt_ready:
+            self._bt_update_fast_path()
+
+    def __delattr__(self, name: str) -> None:
+        super().__delattr__(name)
+        if name == "time" and self._bt_ready:
+            self._bt_update_fast_path()
 
     def set_debug(self, enabled: bool) -> None:
         super().set_debug(enabled)  # type: ignore[misc]

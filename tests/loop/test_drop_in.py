@@ -19,8 +19,11 @@ import sys
 import threading
 import time
 import warnings
+import weakref
+from unittest import mock
 
 import pytest
+from _native_loop import within
 
 import bucketimer
 from bucketimer import loop as bt_loop
@@ -103,6 +106,19 @@ def test_when(loop):
     h2.cancel()
 
 
+@pytest.mark.parametrize("kind", sorted(set(LOOPS) - {"uvloop"}))
+def test_private_when(kind):
+    """``TimerHandle._when``, which tests read (uvloop's handles have none)."""
+    lp = LOOPS[kind]()
+    try:
+        at = float(int(lp.time()) + 12345) + 0.5
+        h = lp.call_at(at, lambda: None)
+        assert h._when == h.when() == at
+        h.cancel()
+    finally:
+        lp.close()
+
+
 def test_cancel_prevents_call(loop):
     got = []
     h = loop.call_later(0.01, got.append, 1)
@@ -127,8 +143,9 @@ def test_cancel_after_fire(loop):
 def test_cancel_from_earlier_callback_same_iteration(loop):
     """A timer cancelled by another callback that runs before it, both due."""
     got = []
-    victim = loop.call_later(0.01, got.append, "victim")
-    loop.call_later(0.005, victim.cancel)
+    now = loop.time()  # one clock read: the order cannot depend on the machine's load
+    victim = loop.call_at(now + 0.01, got.append, "victim")
+    loop.call_at(now + 0.005, victim.cancel)
     run(loop, asyncio.sleep(0.03))
     assert got == []
 
@@ -319,6 +336,49 @@ def test_pending_timers_dropped_at_close(loop):
     loop.close()
     time.sleep(0.01)
     assert got == []
+
+
+def test_closed_loop_with_pending_timers_is_collected(kind):
+    """Closing a loop lets it go at once, pending timers or not: they would
+    never run anyway, and what they hold (here a future of the loop) must
+    not keep it alive until their deadlines."""
+    lp = LOOPS[kind]()
+
+    async def arm_inside():
+        running = asyncio.get_running_loop()
+        fut = running.create_future()
+        running.call_later(100, fut.set_result, 1)
+
+    lp.run_until_complete(arm_inside())
+    fut = lp.create_future()
+    lp.call_at(lp.time() + 100, fut.set_result, 2)  # from outside the loop
+    lp.call_later(100, print)
+    ref = weakref.ref(lp)
+    lp.close()
+    del lp, fut
+    gc.collect()
+    assert ref() is None
+
+
+def test_close_cancels_its_pending_native_timers(native_loop_kind):
+    """They leave the core at the close, counted once (rule 10 of
+    docs/design.rst), and the handles answer as asyncio's do after a close."""
+    tt = bucketimer.TimerThread()
+    try:
+        lp = LOOPS[native_loop_kind](timer_thread=tt)
+        got = []
+        handles = [lp.call_later(100 + i, got.append, i) for i in range(1000)]
+        lp.run_until_complete(asyncio.sleep(0))
+        lp.close()
+        s = tt.stats()
+        assert s["scheduled"] - s["ran"] == 1000  # asyncio.sleep(0) arms no timer
+        assert s["cancelled"] + s["dropped"] == 1000
+        assert not any(h.cancelled() for h in handles)  # not cancelled: dropped
+        handles[0].cancel()
+        assert handles[0].cancelled()
+        assert got == []
+    finally:
+        tt.close()
 
 
 def test_run_twice(loop):
@@ -666,6 +726,58 @@ def test_native_subclass_overrides_respected(native_loop_kind):
     finally:
         lp.close()
     assert calls  # call_later (asyncio.sleep) went through the subclass's call_at
+
+
+@pytest.mark.parametrize("kind", ["stock", "bucketimer"])
+def test_timers_follow_a_patched_time(kind):
+    """A test that moves time forward by replacing ``loop.time`` on the
+    instance sees timers fall due as on the stock loop, and the loop's own
+    timers come back once the replacement is undone."""
+    lp = LOOPS[kind]()
+    fired = []
+
+    async def main():
+        real = lp.time()
+        with mock.patch.object(lp, "time", return_value=real):
+            at = lp.create_future()
+            lp.call_at(real + 3600, at.set_result, "at")
+            sleeper = asyncio.ensure_future(asyncio.sleep(3600, "slept"))
+            await asyncio.sleep(0)  # the sleep arms its timer
+            lp.time.return_value = real + 7200
+            fired.append(await at)
+            fired.append(await sleeper)
+        assert ("call_later" in vars(lp)) == (kind in NATIVE)
+        fired.append(await asyncio.sleep(0.001, "after"))
+
+    try:
+        # a thread's watchdog: the loop's timers go by the patched clock
+        lp.run_until_complete(within(main(), 60))
+    finally:
+        lp.close()
+    assert fired == ["at", "slept", "after"]
+
+
+@pytest.mark.skipif(uvloop is None, reason="uvloop is not installed")
+def test_native_patched_time_on_the_uvloop_based_loop_gets_uvloops_timers():
+    lp = LOOPS["bucketimer-uv"]()
+    try:
+        with mock.patch.object(lp, "time", return_value=0.0):
+            h = lp.call_later(3600, lambda: None)
+            assert not isinstance(h, bucketimer.Handle)
+            h.cancel()
+        h = lp.call_later(3600, lambda: None)
+        assert isinstance(h, bucketimer.Handle)
+        h.cancel()
+    finally:
+        lp.close()
+
+
+def test_native_handle_is_not_a_timer_handle(native_loop):
+    h = native_loop.call_later(3600, lambda: None)
+    try:
+        assert not isinstance(h, asyncio.TimerHandle)  # docs/asyncio.rst says why
+    finally:
+        h.cancel()
 
 
 def test_native_virtual_clock_subclass_gets_stock_timers():
