@@ -412,7 +412,7 @@ class _FusedCall(_DeadlineCall):
     the backend), never per call.
     """
 
-    __slots__ = ()
+    __slots__ = ("_slow", "_first_slow", "_handle2")
     _slow: bool
     _first_slow: bool
     _handle2: bucketimer.Handle | None
@@ -429,29 +429,33 @@ class _FusedCall(_DeadlineCall):
         ic = cls._ic
         max_time = ic._max_time
         call = _new(cls)
+        # locals, not attributes: a proxy's attribute reads take the slow path
+        deadline: float | None
         if rem is None or rem >= _NO_DEADLINE:
             if max_time is None:
-                call._deadline = None  # type: ignore[assignment]
+                deadline = None
             else:
-                call._deadline, call._source = now + max_time, "max_time"
+                deadline, call._source = now + max_time, "max_time"
         elif max_time is not None and max_time < rem:
-            call._deadline, call._source = now + max_time, "max_time"
+            deadline, call._source = now + max_time, "max_time"
         else:
-            call._deadline, call._source = now + (rem if rem > 0.0 else 0.0), "client"
+            deadline, call._source = now + (rem if rem > 0.0 else 0.0), "client"
+        call._deadline = deadline  # type: ignore[assignment]
         call._ctx = ctx
         call._start = now
         call._task = task
         call._expired = call._done = call._slow = False
         call._handle2 = None
         first = now + cls._threshold
-        deadline = call._deadline
-        call._first_slow = deadline is None or first <= deadline
-        if not call._first_slow:
+        if deadline is not None and deadline < first:
             first = deadline
+            call._first_slow = False
+        else:
+            call._first_slow = True
         tt = ic._live_tt
         if tt is None or tt.closed:
             tt = ic._timers()
-        call._handle = tt.call_at(first, call._fire)
+        call._handle = tt.call_at(first, cls._fire, call)
         return call
 
     # -- the timer ---------------------------------------------------------------------

@@ -27,12 +27,12 @@ from ._common import (
     DEFAULT_DETAILS,
     DeadlineEvent,
     _as_status,
-    _deadline_var,
     _BothSettings,
+    _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
-    _FusedCall,
     _fusable,
+    _FusedCall,
     _mark_fusable,
     _method_name,
     _monotonic,
@@ -487,7 +487,8 @@ class _AioBothContext(_FusedCall, _AioDeadlineContext):
     ``_where``: the handler's coroutine (grpc's own coroutines above it do
     not show what they await), where the stack at the threshold is read."""
 
-    __slots__ = ("_slow", "_first_slow", "_handle2", "_where")
+    __slots__ = ("_where",)
+    _where: Any
 
     _expire = _AioDeadlineContext._fire
 
@@ -529,14 +530,15 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
 
     async def both_coro(request: Any, context: Any) -> Any:
         call = begin(context, _current_task())
-        token = _deadline_var.set(call._deadline)
+        deadline = call._deadline
+        token = _deadline_var.set(deadline)
         try:
-            call._where = coro = behavior(request, context if call._deadline is None else call)
+            call._where = coro = behavior(request, context if deadline is None else call)
             result = await coro
         except BaseException as exc:
             slow = call._slow
             call._stop()
-            if call._deadline is None or not call._ends_expired(exc):
+            if deadline is None or not call._ends_expired(exc):
                 if slow:
                     call._end_slow(exc)
                 raise

@@ -25,13 +25,13 @@ from ._common import *  # noqa: F403 - the names both backends export
 from ._common import (
     DEFAULT_DETAILS,
     DeadlineEvent,
+    _BothSettings,
     _code_of,
     _deadline_var,
-    _BothSettings,
     _DeadlineCall,
     _DeadlineSettings,
-    _FusedCall,
     _fusable,
+    _FusedCall,
     _mark_fusable,
     _method_name,
     _monotonic,
@@ -382,7 +382,7 @@ class _BothContext(_FusedCall, _DeadlineContext):
     ``_code``, the wrapper's code, by which the stack at the threshold finds
     the call's frame."""
 
-    __slots__ = ("_slow", "_first_slow", "_handle2")
+    __slots__ = ()
     _code: Any
 
     _expire = _DeadlineContext._fire
@@ -392,7 +392,7 @@ class _BothContext(_FusedCall, _DeadlineContext):
         whose frames include the wrapper's frame of this call."""
         code = self._code
         for top in sys._current_frames().values():
-            f = top
+            f: Any = top
             while f is not None:
                 if f.f_code is code and f.f_locals.get("call") is self:
                     return "".join(traceback.format_stack(top, limit=limit))
@@ -424,9 +424,10 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
 
     def both_unary(request: Any, context: Any) -> Any:
         call = begin(context)
-        token = _deadline_var.set(call._deadline)
+        deadline = call._deadline
+        token = _deadline_var.set(deadline)
         try:
-            result = behavior(request, context if call._deadline is None else call)
+            result = behavior(request, context if deadline is None else call)
         except BaseException as exc:
             expired, slow = call._finish_both()
             if not (isinstance(exc, DeadlineInterrupt) or (expired and isinstance(exc, Exception))):
