@@ -544,8 +544,9 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
                 raise
         else:
             call._done = True
-            call._handle.cancel()
-            if not (call._slow or call._expired):  # in time: neither fired
+            if call._handle.cancel():  # in time: neither fired
+                return result
+            if not (call._slow or call._expired):  # its TimerThread was closed meanwhile
                 return result
             call._stop()
             if not call._expired:
