@@ -47,7 +47,8 @@ def test_real_grpc_module_is_used() -> None:
 
 def test_public_names() -> None:
     shared = {"DeadlineEvent", "SlowCall", "current_deadline", "remaining", "DefaultTimeoutInterceptor",
-              "DeadlinePropagationInterceptor", "ServerDeadlineInterceptor", "SlowCallInterceptor"}
+              "DeadlinePropagationInterceptor", "ServerDeadlineInterceptor", "SlowCallInterceptor",
+              "ServerDeadlineSlowCallInterceptor"}
     assert set(btg.__all__) == shared | {"DeadlineInterrupt"}
     assert set(bta.__all__) == shared | {"client_interceptors"}
     for name in btg.__all__:

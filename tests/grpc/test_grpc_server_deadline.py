@@ -223,5 +223,6 @@ def test_a_closed_default_timer_thread_is_replaced(backend: Backend) -> None:
         new = bucketimer.default_timer_thread()
     assert r.code == grpc.StatusCode.OK, r
     assert new is not old and not new.closed
-    assert new.stats()["scheduled"] >= 2 and new.stats()["cancelled"] >= 2  # both interceptors' timers
+    # the pair serves a unary call on one timer, re-armed only past the threshold
+    assert new.stats()["scheduled"] == new.stats()["cancelled"] == 1
     assert len(seen) == 2 and all(4.0 < rem <= 5.0 for rem in seen)

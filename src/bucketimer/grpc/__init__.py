@@ -19,6 +19,9 @@ actually run out of time.
 * :class:`SlowCallInterceptor` -- client and server: logs calls still
   running after a threshold (with the stuck handler thread's Python stack on
   the server) and their total time when they end.
+* :class:`ServerDeadlineSlowCallInterceptor` -- server: the slow-call
+  interceptor around the deadline one, in one wrapper and one timer per call
+  (as the two listed in that order).
 * :func:`remaining` / :func:`current_deadline` -- the budget left to the
   handler running in this context.
 

@@ -301,13 +301,15 @@ class _DeadlineCall(_ContextProxy):
     the context its handler sees, with ``time_remaining()`` counted against
     the budget and ``code()`` ``DEADLINE_EXCEEDED`` once the budget ran out
     (if the handler set none).  ``_expired``: the timer fired; ``_done``: the
-    handler ended; ``_task``: the aio handler's task."""
+    handler ended; ``_task``: the aio handler's task.
 
-    __slots__ = ("_ic", "_method", "_deadline", "_source", "_start", "_expired", "_done",
-                 "_handle", "_task")
+    What is the same for every call of a method (the interceptor ``_ic``,
+    the method's name) is on a class of that method's own (:meth:`_for`), so
+    a call stores only what is its own.
+    """
+
+    __slots__ = ("_deadline", "_source", "_start", "_expired", "_done", "_handle", "_task")
     _ctx: Any
-    _ic: _DeadlineSettings
-    _method: str
     _deadline: float
     _source: str
     _start: float
@@ -315,14 +317,23 @@ class _DeadlineCall(_ContextProxy):
     _done: bool
     _handle: bucketimer.Handle
     _task: Any
+    #: per method (:meth:`_for`)
+    _ic: _DeadlineSettings
+    _method: str
 
     @classmethod
-    def _begin(cls, ctx: Any, ic: _DeadlineSettings, method: str, task: Any = None) -> Self | None:
+    def _for(cls, ic: Any, method: str, **constants: Any) -> type[Self]:
+        """The class of ``method``'s calls under ``ic``."""
+        return type(cls.__name__, (cls,), {"__slots__": (), "_ic": ic, "_method": method, **constants})
+
+    @classmethod
+    def _begin(cls, ctx: Any, task: Any = None) -> Self | None:
         """The call's budget (the smaller of the client's deadline and
         ``max_time`` from now) and its timer armed; None when it has neither.
         The constructor: one call per RPC, so no ``__init__`` frame."""
         now = _monotonic()
         rem = ctx.time_remaining()
+        ic = cls._ic
         max_time = ic._max_time
         if rem is None or rem >= _NO_DEADLINE:
             if max_time is None:
@@ -334,8 +345,6 @@ class _DeadlineCall(_ContextProxy):
             deadline, source = now + (rem if rem > 0.0 else 0.0), "client"
         call = _new(cls)
         call._ctx = ctx
-        call._ic = ic
-        call._method = method
         call._deadline = deadline
         call._source = source
         call._start = now
@@ -382,6 +391,128 @@ class _DeadlineCall(_ContextProxy):
             _safe_hook(ic._on_deadline, ev, "on_deadline")
 
 
+class _FusedCall(_DeadlineCall):
+    """One call under ``SlowCallInterceptor`` and ``ServerDeadlineInterceptor``
+    together, served by one wrapper (docs/grpc.rst, "Both at once"): the
+    deadline's call and context, and the slow call's state, on one timer.
+
+    The timer (``_handle``) is armed at the earlier of the slow-call
+    threshold and the deadline (``_first_slow``: the threshold); when it
+    fires for one, it arms ``_handle2`` for the other, if the call still
+    runs.  ``_slow``: the threshold passed while the call ran.  A call
+    without a budget (``_deadline`` None) has the threshold only.
+
+    The handler's end (any thread) sets ``_done`` and cancels ``_handle``:
+    a failed cancel means it fired, and :meth:`_settle` then looks at
+    ``_handle2``.  The callback arms ``_handle2`` before it looks at
+    ``_done`` and the end sets ``_done`` before it looks at ``_handle2``, so
+    either the end finds ``_handle2`` or the callback cancels it itself.
+
+    The stack at the threshold is found only then (:meth:`_live_stack`, by
+    the backend), never per call.
+    """
+
+    __slots__ = ("_slow", "_first_slow", "_handle2")
+    _slow: bool
+    _first_slow: bool
+    _handle2: bucketimer.Handle | None
+    #: per method (:meth:`_for`): the slow-call interceptor and its threshold
+    _sic: _SlowCallSettings
+    _threshold: float
+
+    @classmethod
+    def _begin_both(cls, ctx: Any, task: Any = None) -> Self:
+        """A new call, its budget worked out as :meth:`_DeadlineCall._begin`
+        does (``_deadline`` None: none) and its one timer armed."""
+        now = _monotonic()
+        rem = ctx.time_remaining()
+        ic = cls._ic
+        max_time = ic._max_time
+        call = _new(cls)
+        # locals, not attributes: a proxy's attribute reads take the slow path
+        deadline: float | None
+        if rem is None or rem >= _NO_DEADLINE:
+            if max_time is None:
+                deadline = None
+            else:
+                deadline, call._source = now + max_time, "max_time"
+        elif max_time is not None and max_time < rem:
+            deadline, call._source = now + max_time, "max_time"
+        else:
+            deadline, call._source = now + (rem if rem > 0.0 else 0.0), "client"
+        call._deadline = deadline  # type: ignore[assignment]
+        call._ctx = ctx
+        call._start = now
+        call._task = task
+        call._expired = call._done = call._slow = False
+        call._handle2 = None
+        first = now + cls._threshold
+        if deadline is not None and deadline < first:
+            first = deadline
+            call._first_slow = False
+        else:
+            call._first_slow = True
+        tt = ic._live_tt
+        if tt is None or tt.closed:
+            tt = ic._timers()
+        call._handle = tt.call_at(first, cls._fire, call)
+        return call
+
+    # -- the timer ---------------------------------------------------------------------
+
+    def _fire(self) -> None:
+        """The first timer: the threshold or the deadline, whichever is
+        earlier; then the timer for the other."""
+        if self._first_slow:
+            self._slow_point()
+            if self._deadline is not None:
+                self._rearm(self._deadline, self._expire)
+        else:
+            self._expire()
+            self._rearm(self._start + self._threshold, self._slow_point)
+
+    def _rearm(self, when: float, callback: Callable[[], None]) -> None:
+        if self._done:
+            return
+        h = self._ic._timers().call_at(when, callback)
+        self._handle2 = h
+        if self._done:  # ended meanwhile, maybe without seeing _handle2
+            h.cancel()
+
+    def _slow_point(self) -> None:
+        """The call passed the threshold: report it, with its live stack."""
+        if self._done:
+            return
+        self._slow = True
+        sic = self._sic
+        stack = self._live_stack(sic._stack_limit) if sic._stack else None
+        sic._report_server(self._method, self._start, False, None, stack)
+
+    def _expire(self) -> None:
+        """The budget ran out (the backend's deadline callback)."""
+        raise NotImplementedError
+
+    def _live_stack(self, limit: int | None) -> str | None:
+        raise NotImplementedError
+
+    # -- the handler's end ---------------------------------------------------------------
+
+    def _settle(self) -> tuple[bool, bool]:
+        """After ``_done`` and a failed cancel of ``_handle`` (it fired):
+        (did the budget run out, did the call pass the threshold), each told
+        by whether its timer fired, as for either interceptor alone."""
+        h2 = self._handle2
+        second = h2 is not None and not h2.cancel()
+        return (second, True) if self._first_slow else (True, second)
+
+    def _finish_both(self) -> tuple[bool, bool]:
+        """The handler ended: (expired, slow) as :meth:`_settle` says."""
+        self._done = True
+        if self._handle.cancel():
+            return False, False
+        return self._settle()
+
+
 # -- wrapping a server's handlers ----------------------------------------------------------------
 
 
@@ -416,6 +547,23 @@ def _replace_behavior(handler: Any, kind: str, wrapped: Callable[..., Any]) -> A
     fields = {k: getattr(handler, k, None) for k in _Handler._fields}
     fields[kind] = wrapped
     return _Handler(**fields)
+
+
+def _mark_fusable(wrapper: Callable[..., Any], ic: _DeadlineSettings, behavior: Callable[..., Any]) -> None:
+    """``wrapper`` (``ic``'s of ``behavior``) may be served by one wrapper
+    with an outer ``SlowCallInterceptor`` (:func:`_fusable`)."""
+    wrapper._bucketimer_deadline = (ic, behavior)  # type: ignore[attr-defined]
+
+
+def _fusable(behavior: Callable[..., Any], sic: _ServerWrapper) -> tuple[Any, Callable[..., Any]] | None:
+    """(the deadline interceptor, the handler it wraps) when ``behavior`` is
+    a ``ServerDeadlineInterceptor``'s wrapper that ``sic``, the slow-call
+    interceptor around it, may serve in one wrapper with it (their timers on
+    the same TimerThread); else None."""
+    both = getattr(behavior, "_bucketimer_deadline", None)
+    if both is None or both[0]._tt is not sic._tt:
+        return None
+    return both  # type: ignore[no-any-return]
 
 
 class _ServerWrapper:
@@ -560,6 +708,40 @@ class _SlowCallSettings(_ServerWrapper):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(threshold={self._threshold!r})"
+
+
+class _BothSettings(_ServerWrapper):
+    """ServerDeadlineSlowCallInterceptor, sync and aio: the two interceptors
+    it stands for (the backend's ``_deadline_type`` and ``_slow_type``),
+    the slow-call one around the deadline one, as their wrappers then serve
+    the call in one (docs/grpc.rst, "Both at once")."""
+
+    _deadline_type: type[_DeadlineSettings]
+    _slow_type: type[_SlowCallSettings]
+
+    def __init__(self, threshold: float, max_time: float | None = None, *,
+                 on_deadline: Callable[[DeadlineEvent], object] | None = None,
+                 details: str = DEFAULT_DETAILS,
+                 on_slow: Callable[[SlowCall], object] | None = None,
+                 level: int = logging.WARNING, stack: bool = True,
+                 stack_limit: int | None = 30,
+                 timer_thread: bucketimer.TimerThread | None = None,
+                 **deadline_options: Any) -> None:
+        super().__init__(timer_thread)
+        self.deadline_interceptor = self._deadline_type(
+            max_time, on_deadline=on_deadline, details=details, timer_thread=timer_thread,
+            **deadline_options)
+        self.slow_call_interceptor = self._slow_type(
+            threshold, on_slow=on_slow, level=level, stack=stack, stack_limit=stack_limit,
+            timer_thread=timer_thread)
+
+    def _wrap(self, behavior: Callable[..., Any], method: str,
+              request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        inner = self.deadline_interceptor._wrap(behavior, method, request_streaming, response_streaming)
+        return self.slow_call_interceptor._wrap(inner, method, request_streaming, response_streaming)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.slow_call_interceptor!r}, {self.deadline_interceptor!r})"
 
 
 class _SlowCallBase:

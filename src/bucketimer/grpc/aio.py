@@ -27,9 +27,13 @@ from ._common import (
     DEFAULT_DETAILS,
     DeadlineEvent,
     _as_status,
+    _BothSettings,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
+    _fusable,
+    _FusedCall,
+    _mark_fusable,
     _method_name,
     _monotonic,
     _server_code,
@@ -43,6 +47,7 @@ __all__ = [
     "DeadlinePropagationInterceptor",
     "DefaultTimeoutInterceptor",
     "ServerDeadlineInterceptor",
+    "ServerDeadlineSlowCallInterceptor",
     "SlowCallInterceptor",
     "client_interceptors",
 ]
@@ -185,7 +190,7 @@ class _AioDeadlineContext(_DeadlineCall):
     """An aio call under :class:`ServerDeadlineInterceptor` and its context
     (everything runs in the loop's thread)."""
 
-    __slots__ = ("_task",)
+    __slots__ = ()
     _task: asyncio.Task[Any] | None
 
     def _fire(self) -> None:
@@ -250,11 +255,10 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
         if not _is_async(behavior):
             return behavior
         is_gen = inspect.isasyncgenfunction(behavior)
-        ic = self
-        begin = _AioDeadlineContext._begin
+        begin = _AioDeadlineContext._for(self, method)._begin
 
         async def deadline_handler(request: Any, context: Any) -> Any:
-            call = begin(context, ic, method, _current_task())
+            call = begin(context, _current_task())
             if call is None:  # no budget: nothing to enforce
                 if not is_gen:
                     return await behavior(request, context)
@@ -278,6 +282,8 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
                 _deadline_var.reset(token)
             await call._end_expired()
 
+        if not is_gen:
+            _mark_fusable(deadline_handler, self, behavior)
         return deadline_handler
 
 
@@ -378,6 +384,9 @@ class SlowCallInterceptor(
         # (docs/grpc.rst, "Costs").
         if not _is_async(behavior):
             return behavior
+        both = _fusable(behavior, self)
+        if both is not None:  # a ServerDeadlineInterceptor's wrapper: serve both in one
+            return _serve_both(both[0], self, both[1], method)
         ic = self
         threshold = self._threshold
 
@@ -469,6 +478,107 @@ class SlowCallInterceptor(
         return self._client(continuation, client_call_details, request_iterator)
 
     intercept_stream_stream = intercept_stream_unary
+
+
+class _AioBothContext(_FusedCall, _AioDeadlineContext):
+    """An aio call under the slow-call and the deadline interceptors served
+    by one wrapper (:func:`_serve_both`): :class:`_AioDeadlineContext` for
+    the handler, one timer for both (:class:`_FusedCall`), all in the loop.
+    ``_where``: the handler's coroutine (grpc's own coroutines above it do
+    not show what they await), where the stack at the threshold is read."""
+
+    __slots__ = ("_where",)
+    _where: Any
+
+    _expire = _AioDeadlineContext._fire
+
+    def _live_stack(self, limit: int | None) -> str | None:
+        return _await_stack(getattr(self, "_where", None), limit)
+
+    def _end_slow(self, exc: BaseException | None) -> None:
+        """A slow call ended (``exc``: how, if it raised): the second report."""
+        self._sic._report_server(self._method, self._start, True, _aio_server_code(self._ctx, exc), None)
+
+    def _stop(self) -> None:
+        """The handler ended: no timer of this call fires any more."""
+        self._done = True
+        self._handle.cancel()
+        if self._handle2 is not None:
+            self._handle2.cancel()
+
+    async def _end_expired_slow(self) -> None:
+        """End the call with DEADLINE_EXCEEDED (raises), reporting a slow
+        call's end with the status that gives."""
+        try:
+            await self._end_expired()
+        except BaseException as exc:
+            if self._slow:
+                self._end_slow(exc)
+            raise
+
+
+grpc.aio.ServicerContext.register(_AioBothContext)
+
+
+def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
+                behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """One wrapper for a coroutine handler doing what ``sic`` around ``dic``
+    does: one coroutine, one context object that is also the timer's
+    payload, one timer, one ``ContextVar`` set."""
+    cls = _AioBothContext._for(dic, method, _sic=sic, _threshold=sic._threshold)
+    begin = cls._begin_both
+
+    async def both_coro(request: Any, context: Any) -> Any:
+        call = begin(context, _current_task())
+        deadline = call._deadline
+        token = _deadline_var.set(deadline)
+        try:
+            call._where = coro = behavior(request, context if deadline is None else call)
+            result = await coro
+        except BaseException as exc:
+            slow = call._slow
+            call._stop()
+            if deadline is None or not call._ends_expired(exc):
+                if slow:
+                    call._end_slow(exc)
+                raise
+        else:
+            call._done = True
+            if call._handle.cancel():  # in time: neither fired
+                return result
+            if not (call._slow or call._expired):  # its TimerThread was closed meanwhile
+                return result
+            call._stop()
+            if not call._expired:
+                call._end_slow(None)
+                return result
+        finally:
+            _deadline_var.reset(token)
+        await call._end_expired_slow()
+
+    return both_coro
+
+
+# -- both at once ----------------------------------------------------------------------------
+
+
+class ServerDeadlineSlowCallInterceptor(_BothSettings, grpc.aio.ServerInterceptor):
+    """aio server interceptor: :class:`SlowCallInterceptor` ``(threshold)``
+    around :class:`ServerDeadlineInterceptor` ``(max_time)``, in one.
+
+    Takes both interceptors' options and behaves exactly as the two listed
+    in that order, at the cost of one: a coroutine handler is served by one
+    wrapper with one timer, armed at the earlier of the threshold and the
+    deadline and re-armed for the other.  The two listed separately in that
+    order get the same wrapper; this class also saves grpc one
+    ``intercept_service`` call.  The parts are ``slow_call_interceptor``
+    and ``deadline_interceptor``.
+    """
+
+    _deadline_type = ServerDeadlineInterceptor
+    _slow_type = SlowCallInterceptor
+
+    intercept_service = _intercept_service
 
 
 async def _finish_with_code(call: _AioSlowCall, rpc: Any) -> None:

@@ -25,10 +25,14 @@ from ._common import *  # noqa: F403 - the names both backends export
 from ._common import (
     DEFAULT_DETAILS,
     DeadlineEvent,
+    _BothSettings,
     _code_of,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
+    _fusable,
+    _FusedCall,
+    _mark_fusable,
     _method_name,
     _monotonic,
     _server_code,
@@ -50,6 +54,7 @@ __all__ = [
     "DeadlinePropagationInterceptor",
     "DefaultTimeoutInterceptor",
     "ServerDeadlineInterceptor",
+    "ServerDeadlineSlowCallInterceptor",
     "SlowCallInterceptor",
 ]
 __all__ += _common.__all__
@@ -370,6 +375,81 @@ class _InterruptibleContext(_DeadlineContext):
 grpc.ServicerContext.register(_DeadlineContext)
 
 
+class _BothContext(_FusedCall, _DeadlineContext):
+    """A sync call under the slow-call and the deadline interceptors served
+    by one wrapper (:func:`_serve_both`): :class:`_DeadlineContext` for the
+    handler, one timer for both (:class:`_FusedCall`).  Per method:
+    ``_code``, the wrapper's code, by which the stack at the threshold finds
+    the call's frame."""
+
+    __slots__ = ()
+    _code: Any
+
+    _expire = _DeadlineContext._fire
+
+    def _live_stack(self, limit: int | None) -> str | None:
+        """The stack of the thread running this call's handler: the one
+        whose frames include the wrapper's frame of this call."""
+        code = self._code
+        for top in sys._current_frames().values():
+            f: Any = top
+            while f is not None:
+                if f.f_code is code and f.f_locals.get("call") is self:
+                    return "".join(traceback.format_stack(top, limit=limit))
+                f = f.f_back
+        return None
+
+    def _end_slow(self, exc: BaseException | None) -> None:
+        """A slow call ended (``exc``: how, if it raised): the second report."""
+        self._sic._report_server(self._method, self._start, True, _code_after(self._ctx, exc), None)
+
+    def _end_expired_slow(self, slow: bool) -> None:
+        """End the call with DEADLINE_EXCEEDED (raises), reporting a slow
+        call's end with the status that gives."""
+        try:
+            self._end_expired()
+        except BaseException as exc:
+            if slow:
+                self._end_slow(exc)
+            raise
+
+
+def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
+                behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
+    """One wrapper for a unary response doing what ``sic`` around ``dic``
+    does (no interrupt mode): one frame, one context object that is also
+    the timer's payload, one timer, one ``ContextVar`` set."""
+    cls = _BothContext._for(dic, method, _sic=sic, _threshold=sic._threshold)
+    begin = cls._begin_both
+
+    def both_unary(request: Any, context: Any) -> Any:
+        call = begin(context)
+        deadline = call._deadline
+        token = _deadline_var.set(deadline)
+        try:
+            result = behavior(request, context if deadline is None else call)
+        except BaseException as exc:
+            expired, slow = call._finish_both()
+            if not (isinstance(exc, DeadlineInterrupt) or (expired and isinstance(exc, Exception))):
+                if slow:
+                    call._end_slow(exc)
+                raise
+        else:
+            call._done = True
+            if call._handle.cancel():  # in time: neither fired
+                return result
+            expired, slow = call._settle()
+            if not expired:
+                call._end_slow(None)
+                return result
+        finally:
+            _deadline_var.reset(token)
+        call._end_expired_slow(slow)
+
+    cls._code = both_unary.__code__
+    return both_unary
+
+
 class _ShieldedRequests:
     """A request iterator whose ``next()`` is shielded from interrupts."""
 
@@ -493,13 +573,12 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
         # Long because it holds the per-call wrappers themselves, as closures:
         # what they read per call is then a closure cell, not an attribute
         # (docs/grpc.rst, "Costs").
-        ic = self
-        begin = self._context_class._begin
+        begin = self._context_class._for(self, method)._begin
         interrupt = self._interrupt
         shield_requests = request_streaming and interrupt
 
         def deadline_unary(request: Any, context: Any) -> Any:
-            call = begin(context, ic, method)
+            call = begin(context)
             if call is None:  # no budget: nothing to enforce
                 token = _deadline_var.set(None)
                 try:
@@ -527,7 +606,7 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
             call._end_expired()
 
         def deadline_stream(request: Any, context: Any) -> Iterator[Any]:
-            call = begin(context, ic, method)
+            call = begin(context)
             if call is None:  # no budget: nothing to enforce
                 yield from behavior(request, context)
                 return
@@ -550,7 +629,11 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
             _close(it)
             call._end_expired()
 
-        return deadline_stream if response_streaming else deadline_unary
+        if response_streaming:
+            return deadline_stream
+        if not interrupt:
+            _mark_fusable(deadline_unary, self, behavior)
+        return deadline_unary
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(max_time={self._max_time!r}, "
@@ -661,6 +744,9 @@ class SlowCallInterceptor(
 
     def _wrap(self, behavior: Callable[..., Any], method: str,
               request_streaming: bool, response_streaming: bool) -> Callable[..., Any]:
+        both = None if response_streaming else _fusable(behavior, self)
+        if both is not None:  # a ServerDeadlineInterceptor's wrapper: serve both in one
+            return _serve_both(both[0], self, both[1], method)
         ic = self
         threshold = self._threshold
 
@@ -736,3 +822,25 @@ class SlowCallInterceptor(
 
     intercept_stream_stream = intercept_stream_unary
 
+
+
+# -- both at once ----------------------------------------------------------------------------
+
+
+class ServerDeadlineSlowCallInterceptor(_BothSettings, grpc.ServerInterceptor):
+    """Server interceptor: :class:`SlowCallInterceptor` ``(threshold)``
+    around :class:`ServerDeadlineInterceptor` ``(max_time)``, in one.
+
+    Takes both interceptors' options (``interrupt`` among them) and behaves
+    exactly as the two listed in that order, at the cost of one: a unary
+    response (without ``interrupt``) is served by one wrapper with one
+    timer, armed at the earlier of the threshold and the deadline and
+    re-armed for the other.  The two listed separately in that order get the
+    same wrapper; this class also saves grpc one ``intercept_service`` call.
+    The parts are ``slow_call_interceptor`` and ``deadline_interceptor``.
+    """
+
+    _deadline_type = ServerDeadlineInterceptor
+    _slow_type = SlowCallInterceptor
+
+    intercept_service = _intercept_service
