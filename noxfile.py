@@ -6,11 +6,14 @@ and the C tests under ctest.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from types import ModuleType
 
 import nox
 
@@ -257,11 +260,19 @@ def notebook(session: nox.Session) -> None:
 # -- release artefacts -------------------------------------------------------------
 
 DIST_PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
+# aarch64 wheels only for the CPythons the emulated arm64 root runs, where each
+# is installed and smoke-tested before it ships; on aarch64 the others install
+# the pure wheel.
+DIST_AARCH64_PYTHONS = ["3.13", "3.14", "3.15"]
+DIST_ARCHS = ["x86_64", "aarch64"]
 DIST_DIR = ROOT / "dist"
 DIST_WORK = ROOT / "build-dist"
 # Where the machine provides it: runs a command in a Debian root that has the
 # CPythons pyenv does not (3.14, 3.15), with this directory mounted in place.
+# With DEBIAN_PYTHON_ARCH=arm64, an arm64 root (3.13-3.15) whose programs run
+# under qemu-user; static x86_64 programs, such as PyPI's zig, run there natively.
 DEBIAN_PYTHON = ROOT.parent / "shared" / "tools" / "debian-python"
+ARM64 = {"DEBIAN_PYTHON_ARCH": "arm64"}
 # Top-level files of the sdist besides csrc/, ext/, src/ and tests/.
 SDIST_ROOT_FILES = {"pyproject.toml", "CMakeLists.txt", "README.rst", "CHANGELOG.rst"}
 
@@ -312,49 +323,104 @@ def _check_sdist(session: nox.Session, sdist: Path) -> None:
     session.log(f"{sdist.name}: {len(members)} files, the tracked ones of csrc/ ext/ src/ tests/ docs/examples/")
 
 
+def _host_zig(session: nox.Session) -> str:
+    """The zig binary of PyPI's ``ziglang``, installed in the session's venv:
+    a static x86_64 executable, which the emulated arm64 root runs natively
+    (it is under ROOT, which the root mounts in place)."""
+    session.install("ziglang")
+    out = session.run(
+        "python", "-c",
+        "import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), 'zig'))",
+        silent=True,
+    )
+    return str(out).strip().splitlines()[-1]
+
+
+def _build_wheel_cmd(
+    session: nox.Session, version: str, arch: str, args: list[str], zig: str
+) -> tuple[list[str], dict[str, str]] | None:
+    """How to run tools/build_wheel.py ARGS under CPython VERSION on ARCH:
+    the command and its extra environment, or None (said why) if there is no
+    such interpreter here."""
+    if arch == "aarch64":
+        if not DEBIAN_PYTHON.exists():
+            session.warn(f"{DEBIAN_PYTHON} does not exist: no arm64 CPython to build with")
+            return None
+        session.log(f"aarch64 python{version}: building in the emulated arm64 root")
+        return [str(DEBIAN_PYTHON), "run", str(ROOT), "--", f"python{version}", *args,
+                "--zig", zig], ARM64
+    exe = _python_on_path(version)
+    if exe is not None:
+        return [exe, *args], {}
+    if DEBIAN_PYTHON.exists():
+        session.log(f"python{version} is not on PATH: building in {DEBIAN_PYTHON.name}")
+        return [str(DEBIAN_PYTHON), "run", str(ROOT), "--", f"python{version}", *args], {}
+    session.warn(f"python{version} is not on PATH and {DEBIAN_PYTHON} does not exist")
+    return None
+
+
+def _dist_targets(session: nox.Session) -> list[tuple[str, str]]:
+    """(arch, version) pairs from the posargs: CPython versions and/or
+    architectures, each list defaulting to all."""
+    args = list(session.posargs)
+    archs = [a for a in args if a in DIST_ARCHS] or DIST_ARCHS
+    versions = [v for v in args if v not in DIST_ARCHS] or DIST_PYTHONS
+    unknown = sorted(set(versions) - set(DIST_PYTHONS))
+    if unknown:
+        session.error(f"not a supported CPython or architecture: {unknown} "
+                      f"(supported: {DIST_PYTHONS}, {DIST_ARCHS})")
+    targets = [(arch, v) for arch in archs for v in versions
+               if arch == "x86_64" or v in DIST_AARCH64_PYTHONS]
+    if not targets:
+        session.error(f"nothing to build: aarch64 wheels are for {DIST_AARCH64_PYTHONS} only")
+    return targets
+
+
+def _build_sdist(session: nox.Session, outdir: Path) -> Path:
+    """The sdist, built into OUTDIR (emptied first), checked."""
+    session.install("build")
+    shutil.rmtree(outdir, ignore_errors=True)
+    session.run("python", "-m", "build", "--sdist", "--outdir", str(outdir))
+    (sdist,) = outdir.glob("*.tar.gz")
+    _check_sdist(session, sdist)
+    return sdist
+
+
 @nox.session(python="3.11")
 def dist(session: nox.Session) -> None:
-    """The sdist and one audited manylinux wheel per supported CPython, in dist/.
+    """The sdist and one audited manylinux wheel per supported CPython and
+    architecture, in dist/.
 
     Each wheel is built from the sdist by tools/build_wheel.py under its own
     interpreter: with zig cc targeting glibc 2.28, repaired and checked by
     auditwheel, then installed where no compiler is on PATH and smoke-tested.
     A CPython not on PATH (3.14, 3.15 here) is run from the Debian root of
-    DEBIAN_PYTHON.  ``nox -s dist -- 3.12 3.14`` builds a subset.  dist/ is
-    emptied first.
+    DEBIAN_PYTHON; the aarch64 wheels (DIST_AARCH64_PYTHONS) are built,
+    installed and smoke-tested in its emulated arm64 root, compiled by this
+    machine's zig.  ``nox -s dist -- 3.12 3.14`` builds a subset,
+    ``nox -s dist -- aarch64`` one architecture.  dist/ is emptied first.
     """
-    versions = session.posargs or DIST_PYTHONS
-    unknown = sorted(set(versions) - set(DIST_PYTHONS))
-    if unknown:
-        session.error(f"not a supported CPython: {unknown} (supported: {DIST_PYTHONS})")
-    session.install("build")
-    shutil.rmtree(DIST_DIR, ignore_errors=True)
-    session.run("python", "-m", "build", "--sdist", "--outdir", str(DIST_DIR))
-    (sdist,) = DIST_DIR.glob("*.tar.gz")
-    _check_sdist(session, sdist)
+    targets = _dist_targets(session)
+    zig = _host_zig(session) if any(arch == "aarch64" for arch, _ in targets) else ""
+    sdist = _build_sdist(session, DIST_DIR)
 
-    # Every version is tried; the session fails at the end if any failed.
+    # Every target is tried; the session fails at the end if any failed.
     summaries, failed = [], []
-    for version in versions:
-        work = DIST_WORK / version
+    for arch, version in targets:
+        work = DIST_WORK / (version if arch == "x86_64" else f"{arch}-{version}")
         args = ["tools/build_wheel.py", "--sdist", str(sdist), "--out", str(DIST_DIR),
                 "--work", str(work)]
-        exe = _python_on_path(version)
-        if exe is not None:
-            cmd = [exe, *args]
-        elif DEBIAN_PYTHON.exists():
-            session.log(f"python{version} is not on PATH: building in {DEBIAN_PYTHON.name}")
-            cmd = [str(DEBIAN_PYTHON), "run", str(ROOT), "--", f"python{version}", *args]
-        else:
-            session.warn(f"python{version} is not on PATH and {DEBIAN_PYTHON} does not exist")
-            failed.append(version)
+        how = _build_wheel_cmd(session, version, arch, args, zig)
+        if how is None:
+            failed.append(f"{version} ({arch})")
             continue
+        cmd, env = how
         shutil.rmtree(work, ignore_errors=True)
-        session.run(*cmd, external=True, success_codes=range(256))
+        session.run(*cmd, env=env, external=True, success_codes=range(256))
         summary = work / "summary.json"
         s = json.loads(summary.read_text()) if summary.exists() else None
         if s is None or s["smoke"] != "passed":
-            failed.append(version)
+            failed.append(f"{version} ({arch})")
         if s is not None:
             summaries.append(s)
 
@@ -367,3 +433,116 @@ def dist(session: nox.Session) -> None:
         )
     if failed:
         session.error(f"no wheel for CPython {', '.join(failed)} (see above)")
+
+
+# -- aarch64 under emulation -------------------------------------------------------
+
+EMULATED_DIR = ROOT / "build-emulated"
+EMULATED_PARTS = ["ctest", "wheel", "suite"]
+EMULATED_PYTHON = "3.14"
+
+
+def _arm64_run(session: nox.Session, *cmd: str) -> None:
+    """Runs CMD in the emulated arm64 root, in this directory."""
+    if not DEBIAN_PYTHON.exists():
+        session.error(f"{DEBIAN_PYTHON} does not exist: no arm64 root to run in")
+    session.run(str(DEBIAN_PYTHON), "run", str(ROOT), "--", *cmd, env=ARM64, external=True)
+
+
+def _build_wheel_module() -> ModuleType:
+    """tools/build_wheel.py, for its zig wrappers."""
+    spec = importlib.util.spec_from_file_location("build_wheel", ROOT / "tools" / "build_wheel.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _emulated_ctest(session: nox.Session, zig: str) -> None:
+    """The C tests, compiled for aarch64 (glibc 2.28) by this machine's zig,
+    as the wheels are, and run by ctest in the arm64 root."""
+    build = EMULATED_DIR / "ctest"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    bw = _build_wheel_module()
+    tools = bw.zig_wrappers(Path(zig), build, bw.zig_target("aarch64"), [])
+    configure = [
+        "cmake", "-S", ".", "-B", str(build), "-G", "Ninja",
+        f"-DCMAKE_C_COMPILER={tools['cc']}",
+        f"-DCMAKE_C_COMPILER_AR={tools['ar']}",
+        f"-DCMAKE_C_COMPILER_RANLIB={tools['ranlib']}",
+        "-DBUCKETIMER_BUILD_PYTHON=OFF", "-DBUCKETIMER_BUILD_TESTS=ON",
+        "-DBUCKETIMER_ASSERTS=ON", "-DCMAKE_BUILD_TYPE=RelWithDebInfo",
+    ]
+    script = (f"set -e; {' '.join(configure)}; cmake --build {build}; "
+              f"cd {build}; ctest --output-on-failure")
+    _arm64_run(session, "bash", "-c", script)
+
+
+def _emulated_wheel(session: nox.Session, zig: str, version: str) -> Path:
+    """An aarch64 wheel for CPython VERSION, built by tools/build_wheel.py in
+    the arm64 root from a fresh sdist, audited, installed with no compiler on
+    PATH and smoke-tested (tests/test_smoke.py, BUCKETIMER_SMOKE_INSTALLED=1)."""
+    sdist = _build_sdist(session, EMULATED_DIR / "sdist")
+    out, work = EMULATED_DIR / f"wheel-{version}", EMULATED_DIR / f"work-{version}"
+    shutil.rmtree(out, ignore_errors=True)
+    _arm64_run(session, f"python{version}", "tools/build_wheel.py", "--sdist", str(sdist),
+               "--out", str(out), "--work", str(work), "--zig", zig)
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def _emulated_suite(session: nox.Session, wheel: Path, version: str, whole: bool) -> None:
+    """The pytest suite in the arm64 root against WHEEL, installed in a venv
+    of its own: tests/core and tests/aio (with their test-core dependencies),
+    or (whole) all of it, with the libraries the suite integrates."""
+    venv = EMULATED_DIR / f"venv-{version}"
+    extra, paths = ("test", ["tests"]) if whole else ("test-core", ["tests/core", "tests/aio"])
+    script = (
+        f"set -e; rm -rf {venv}; python{version} -m venv {venv}; "
+        f"{venv}/bin/python -m pip install -q '{wheel}[{extra}]'; "
+        f"{venv}/bin/python -m pytest -p no:cacheprovider -m 'not slow' -q {' '.join(paths)}"
+    )
+    _arm64_run(session, "bash", "-c", script)
+
+
+@nox.session(name="emulated-arm64", python="3.11")
+def emulated_arm64(session: nox.Session) -> None:
+    """The aarch64 build under qemu-user, in the arm64 root of DEBIAN_PYTHON
+    (built on first use, about 15 minutes): the C tests (ctest), an aarch64
+    wheel built, installed and smoke-tested, and the pytest suite against that
+    wheel (tests/core and tests/aio; all of it with ``full``).  Posargs pick
+    parts and the CPython: ``nox -s emulated-arm64 -- ctest wheel`` (what CI
+    runs), ``-- suite full 3.13``.  Emulation runs arm64 code with the host's
+    stronger memory ordering: docs/design.rst ("Memory orderings") argues the
+    orderings instead.  Each part's time is logged at the end."""
+    args = list(session.posargs)
+    parts = [a for a in args if a in EMULATED_PARTS] or EMULATED_PARTS
+    versions = [a for a in args if a in DIST_AARCH64_PYTHONS] or [EMULATED_PYTHON]
+    unknown = sorted(set(args) - set(EMULATED_PARTS) - set(DIST_AARCH64_PYTHONS) - {"full"})
+    if unknown or len(versions) > 1:
+        session.error(f"posargs: parts {EMULATED_PARTS}, 'full', and one of {DIST_AARCH64_PYTHONS}")
+    (version,) = versions
+    zig = _host_zig(session)
+    took: list[tuple[str, float]] = []
+    wheel = None
+    for part in EMULATED_PARTS:
+        if part not in parts:
+            continue
+        start = time.monotonic()
+        if part == "ctest":
+            _emulated_ctest(session, zig)
+        elif part == "wheel":
+            wheel = _emulated_wheel(session, zig, version)
+        else:
+            if wheel is None:  # an earlier wheel part's, or `nox -s dist`'s
+                tag = "cp" + version.replace(".", "")
+                found = [*(EMULATED_DIR / f"wheel-{version}").glob("*.whl"),
+                         *DIST_DIR.glob(f"bucketimer-*-{tag}-{tag}-*aarch64*.whl")]
+                if not found:
+                    session.error(f"no aarch64 wheel for {version}: run the wheel part first")
+                wheel = found[0]
+            _emulated_suite(session, wheel, version, "full" in args)
+        took.append((part, time.monotonic() - start))
+    for part, seconds in took:
+        session.log(f"emulated-arm64 {part} (CPython {version}): {seconds:.0f} s")

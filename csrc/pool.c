@@ -101,8 +101,11 @@ int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t) {
     uint32_t gen = BT_WORD_GEN(w) + 1; /* wraps through 0: the tag keeps ids nonzero */
     /* port/fn/arg are left as they are: the next schedule overwrites them,
      * and a racing bt_drop_all may still read them (its CAS then fails). */
-    /* Release: pairs with the acquire CAS of a later owner of the slot. */
-    atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_FREE), memory_order_release);
+    /* Relaxed: the slot reaches its next owner through a free list, under
+     * the bucket mutex, which orders everything before this store ahead of
+     * the next schedule; a stale id that reads FREE here reads nothing else
+     * (docs/design.rst, "Memory orderings"). */
+    atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_FREE), memory_order_relaxed);
     if (__builtin_expect(gen != tt->gen0, 1)) return 1;
     /* All 2^32 generations used: the slot stays FREE (a stale id of it
      * answers BT_UNKNOWN) and is never handed out again. */

