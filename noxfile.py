@@ -10,12 +10,18 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).resolve().parent
-PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
+sys.path.insert(0, str(ROOT / "tools"))
+from pythons import supported  # noqa: E402
+
+# The supported CPythons: pyproject.toml's classifiers (tools/pythons.py).
+PYTHONS = supported()
 # CPython's Py_DEBUG builds (refcount and assertion checks in the
 # interpreter).  grpcio, uvloop and matplotlib publish no wheels for their
 # ABI, so those libraries' tests skip there.
@@ -72,6 +78,17 @@ def lint(session: nox.Session) -> None:
         session.run("mypy", "--python-version", version)  # files: pyproject.toml
     session.run("python", "-m", "mypy.stubtest", "bucketimer._core", "bucketimer._cffi",
                 "bucketimer.bench._cbench")
+    _check_wheel_builds(session)
+
+
+def _check_wheel_builds(session: nox.Session) -> None:
+    """cibuildwheel's ``build`` list (which TOML cannot derive) names the
+    supported CPythons, no more, no fewer."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        build = tomllib.load(f)["tool"]["cibuildwheel"]["build"]
+    expected = [f"cp{v.replace('.', '')}-*" for v in PYTHONS]
+    if build != expected:
+        session.error(f"[tool.cibuildwheel] build = {build}, but the classifiers say {expected}")
 
 
 def _gcc_runtime(name: str) -> str:
@@ -256,7 +273,6 @@ def notebook(session: nox.Session) -> None:
 
 # -- release artefacts -------------------------------------------------------------
 
-DIST_PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
 DIST_DIR = ROOT / "dist"
 DIST_WORK = ROOT / "build-dist"
 # Where the machine provides it: runs a command in a Debian root that has the
@@ -323,10 +339,10 @@ def dist(session: nox.Session) -> None:
     DEBIAN_PYTHON.  ``nox -s dist -- 3.12 3.14`` builds a subset.  dist/ is
     emptied first.
     """
-    versions = session.posargs or DIST_PYTHONS
-    unknown = sorted(set(versions) - set(DIST_PYTHONS))
+    versions = session.posargs or PYTHONS
+    unknown = sorted(set(versions) - set(PYTHONS))
     if unknown:
-        session.error(f"not a supported CPython: {unknown} (supported: {DIST_PYTHONS})")
+        session.error(f"not a supported CPython: {unknown} (supported: {PYTHONS})")
     session.install("build")
     shutil.rmtree(DIST_DIR, ignore_errors=True)
     session.run("python", "-m", "build", "--sdist", "--outdir", str(DIST_DIR))
