@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from . import _lateness, _native, _noloop, _pairs, _resets, _service, _timeouts
+from . import _grpc, _lateness, _native, _noloop, _pairs, _resets, _service, _timeouts
 from ._contenders import BUCKETIMER, CONTENDERS, UVLOOP, LoopFactory, loop_factories
 from ._records import add_ratios
 from ._suite import Suite
@@ -25,6 +25,7 @@ _GROUP_MODULES: dict[str, ModuleType] = {
     "core": _native,
     "reset": _resets,
     "service": _service,
+    "grpc": _grpc,
 }
 GROUPS = tuple(_GROUP_MODULES)
 
