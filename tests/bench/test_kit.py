@@ -208,6 +208,8 @@ def test_run_api_records_and_table():
                      progress=False, rounds=2, as_frame=False)
     assert isinstance(data, bench.Records)
     assert data.meta["suite"]["rounds"] == 2
+    assert list(data.meta["group_seconds"]) == ["noloop"]
+    assert 0 < data.meta["group_seconds"]["noloop"] <= data.meta["elapsed_s"]
     assert {r["contender"] for r in data} == {"bucketimer", "sched"}
     assert all(r["group"] == "noloop" for r in data)
     table = bench.format_table(data)

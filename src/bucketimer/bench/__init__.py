@@ -112,6 +112,7 @@ def run(suite: str | Suite = "quick", *, groups: Sequence[str] | None = None,
         "machine": machine,
         "notes": list(runner.notes),
         "elapsed_s": time.perf_counter() - t0,
+        "group_seconds": dict(runner.group_seconds),
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
     }
     if as_frame is not False:

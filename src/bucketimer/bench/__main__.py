@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             ["python -m bucketimer.bench", *(sys.argv[1:] if argv is None else argv)])
         elapsed = time.perf_counter() - t0
         print(format_table(data, sys.stdout))
-        print(f"({args.suite} suite: {elapsed:.1f} s)")
+        per_group = ", ".join(f"{g} {t:.1f}" for g, t in data.meta["group_seconds"].items())
+        print(f"({args.suite} suite: {elapsed:.1f} s; s per group: {per_group})")
     if args.json:
         write_json(data, args.json)
         print(f"wrote {args.json}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import random
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -65,6 +66,8 @@ class Runner:
         self.groups = tuple(g for g in GROUPS if g in groups)
         self.records: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        # s each group took, set-up included, in the order they ran
+        self.group_seconds: dict[str, float] = {}
         self.rng = random.Random(seed)
         self.want = set(contenders) if contenders is not None else set(CONTENDERS)
         unknown = self.want - set(CONTENDERS)
@@ -100,7 +103,9 @@ class Runner:
         gc_was_enabled = gc.isenabled()
         try:
             for g in self.groups:
+                t0 = time.perf_counter()
                 _GROUP_MODULES[g].run(self)
+                self.group_seconds[g] = time.perf_counter() - t0
         finally:
             if gc_was_enabled:
                 gc.enable()
