@@ -116,7 +116,7 @@ class WorkerPool:
 
 def _cbench() -> tuple[Any, Any] | str:
     """(ffi, lib) of the kit's cffi module, or why it cannot load (it needs
-    cffi's backend, which only the ``bench`` extra installs)."""
+    cffi's backend, which the ``bench`` and ``cffi`` extras install)."""
     try:
         from ._cbench import ffi, lib
     except ImportError as e:
