@@ -4,9 +4,9 @@ contenders (``bucketimer.bench``): ``bucketimer-loop`` is the drop-in loop,
 
 from __future__ import annotations
 
-from bucketimer.bench import _contenders as c
+from bucketimer.bench import workloads as w
 
-LOOP_KINDS = {"asyncio": c.ASYNCIO, "bucketimer-loop": c.DROPIN}
-if c.uvloop is not None:
-    LOOP_KINDS.update({"uvloop": c.UVLOOP, "bucketimer-uvloop": c.DROPIN_UV})
-HOST_LOOPS = ["asyncio"] + (["uvloop"] if c.uvloop is not None else [])
+LOOP_KINDS = {"asyncio": w.ASYNCIO, "bucketimer-loop": w.DROPIN}
+if w.HAVE_UVLOOP:
+    LOOP_KINDS.update({"uvloop": w.UVLOOP, "bucketimer-uvloop": w.DROPIN_UV})
+HOST_LOOPS = ["asyncio"] + (["uvloop"] if w.HAVE_UVLOOP else [])

@@ -37,9 +37,18 @@ from _figures import per_op
 from _kinds import HOST_LOOPS, LOOP_KINDS
 
 import bucketimer
-from bucketimer.bench import _loopload, _timeouts
-from bucketimer.bench._lateness import lateness_round, via_call_later
-from bucketimer.bench._pairs import PairsTarget, sync_pairs
+from bucketimer.bench.workloads import (
+    PairsTarget,
+    cancel_churn,
+    lateness_round,
+    mass_cancel,
+    random_sleepers,
+    sequential_sleeps,
+    sync_pairs,
+    timeout_round,
+    via_call_later,
+    wait_for_round,
+)
 
 QUICK = bool(os.environ.get("BUCKETIMER_BENCH_QUICK"))
 
@@ -67,7 +76,7 @@ def _bench_round(benchmark: Any, loop: asyncio.AbstractEventLoop,
 def test_timeout_enter_exit(benchmark: Any, make_loop: MakeLoop, host: str, impl: str) -> None:
     """``async with timeout(30): pass`` (target: bucketimer >= 5x asyncio)."""
     benchmark.group = f"timeout-enter-exit[{host}]"
-    _bench_round(benchmark, make_loop(host), _timeouts.timeout_round, HELPERS[impl][0], 2000)
+    _bench_round(benchmark, make_loop(host), timeout_round, HELPERS[impl][0], 2000)
 
 
 @pytest.mark.parametrize("impl", sorted(HELPERS))
@@ -75,7 +84,7 @@ def test_timeout_enter_exit(benchmark: Any, make_loop: MakeLoop, host: str, impl
 def test_wait_for_finishing(benchmark: Any, make_loop: MakeLoop, host: str, impl: str) -> None:
     """``await wait_for(returns_at_once(), 30)`` (target: >= 5x asyncio)."""
     benchmark.group = f"wait_for-finishing[{host}]"
-    _bench_round(benchmark, make_loop(host), _timeouts.wait_for_round, HELPERS[impl][1], 1000)
+    _bench_round(benchmark, make_loop(host), wait_for_round, HELPERS[impl][1], 1000)
 
 
 # -- 2. drop-in call_later + cancel --------------------------------------------------------
@@ -160,7 +169,7 @@ def test_fire_heavy_sequential_sleeps(benchmark: Any, make_loop: MakeLoop, kind:
     """10 000 sequential ``asyncio.sleep(0.001)`` (drop-in must be <= 1.5x stock)."""
     benchmark.group = "fire-heavy: 10k sequential sleep(1ms)"
     loop = make_loop(kind)
-    benchmark.pedantic(lambda: loop.run_until_complete(_loopload.sequential_sleeps(N_SEQ)),
+    benchmark.pedantic(lambda: loop.run_until_complete(sequential_sleeps(N_SEQ)),
                        rounds=1, iterations=1)
     benchmark.extra_info["per_sleep_us"] = per_op(benchmark, N_SEQ, 1e6)
 
@@ -170,7 +179,7 @@ def test_fire_heavy_many_tasks(benchmark: Any, make_loop: MakeLoop, kind: str) -
     """1 000 tasks each sleeping random 0-10 ms, 100 rounds (<= 1.5x stock)."""
     benchmark.group = "fire-heavy: 1000 tasks x 100 random sleeps"
     loop = make_loop(kind)
-    benchmark.pedantic(lambda: loop.run_until_complete(_loopload.random_sleepers(TASKS, ROUNDS)),
+    benchmark.pedantic(lambda: loop.run_until_complete(random_sleepers(TASKS, ROUNDS)),
                        rounds=3, iterations=1)
 
 
@@ -200,7 +209,7 @@ def test_cancel_churn_stalls_and_rss(benchmark: Any, make_loop: MakeLoop, kind: 
     cancelled timers (target: bounded by the core's drain threshold)."""
     benchmark.group = "cancel-churn"
     loop = make_loop(kind)
-    _bench_once(benchmark, loop, lambda: _loopload.cancel_churn(loop.call_later, N_CHURN),
+    _bench_once(benchmark, loop, lambda: cancel_churn(loop.call_later, N_CHURN),
                 "cancel-churn")
 
 
@@ -211,5 +220,5 @@ def test_mass_cancel_stall(benchmark: Any, make_loop: MakeLoop, kind: str) -> No
     handles there) and the RSS left once they are cancelled."""
     benchmark.group = "mass-cancel"
     loop = make_loop(kind)
-    _bench_once(benchmark, loop, lambda: _loopload.mass_cancel(loop.call_later, N_CHURN),
+    _bench_once(benchmark, loop, lambda: mass_cancel(loop.call_later, N_CHURN),
                 "mass-cancel")

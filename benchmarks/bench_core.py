@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from bucketimer.bench import __main__ as kit
-from bucketimer.bench._pairs import PairsTarget, sync_pairs
+from bucketimer import bench
+from bucketimer.bench.workloads import PairsTarget, sync_pairs
 
 INNER = 1000
 PENDING = [0, 10_000] + ([] if os.environ.get("BUCKETIMER_BENCH_QUICK") else [1_000_000])
@@ -48,9 +48,11 @@ def test_schedule_cancel_pair(benchmark: Any, contender: str, pending: int) -> N
 
 def main() -> int:
     """Per-pair medians and ratios, side by side, in one process."""
-    rounds = sys.argv[1:2]
-    return kit.main(["--only", "pairs", "--contenders", "bucketimer,asyncio",
-                     *(["--rounds", rounds[0]] if rounds else [])])
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else None
+    data = bench.run("full", groups=["pairs"], contenders=["bucketimer", "asyncio"],
+                     rounds=rounds, as_frame=False)
+    print(bench.format_table(data, sys.stdout))
+    return 0
 
 
 if __name__ == "__main__":

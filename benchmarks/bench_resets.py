@@ -23,8 +23,7 @@ import pytest
 from _figures import per_op
 from _kinds import LOOP_KINDS
 
-from bucketimer.bench import _resets
-from bucketimer.bench._pairs import fill, settle
+from bucketimer.bench.workloads import ResetTarget, fill, rearm_round, reschedule_round, settle
 
 QUICK = bool(os.environ.get("BUCKETIMER_BENCH_QUICK"))
 N, BATCH = 2000, 1000
@@ -38,14 +37,14 @@ CONTENDERS = {"bucketimer": "bucketimer", **LOOP_KINDS}
 @pytest.mark.parametrize("kind", ["reschedule", "rearm"])
 def test_reset(benchmark: Any, kind: str, pending: int, contender: str) -> None:
     benchmark.group = f"reset[{kind}-{pending} pending]"
-    t = _resets.Target(CONTENDERS[contender])
+    t = ResetTarget(CONTENDERS[contender])
     keep = t.run(fill(t.call_later, pending, t.tt))
     try:
         if kind == "reschedule":
-            body = lambda: t.run(_resets.reschedule_round(t.timeout, N, BATCH))  # noqa: E731
+            body = lambda: t.run(reschedule_round(t.timeout, N, BATCH))  # noqa: E731
             left = t.run(t.timeout_leftovers())
         else:
-            body = lambda: t.run(_resets.rearm_round(t.call_later, N, BATCH))  # noqa: E731
+            body = lambda: t.run(rearm_round(t.call_later, N, BATCH))  # noqa: E731
             left = t.run(t.rearm_leftovers())
         benchmark.pedantic(body, rounds=20, warmup_rounds=2, iterations=1)
     finally:

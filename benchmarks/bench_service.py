@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from bucketimer.bench import _service
+from bucketimer.bench.workloads import ServiceTurn, service_contenders, service_turn
 
 QUICK = bool(os.environ.get("BUCKETIMER_BENCH_QUICK"))
 CONNS = [100, 1000] + ([] if QUICK else [10_000])
@@ -30,12 +30,12 @@ ROUNDS = 2 if QUICK else 3
 WARMUP, WINDOW = (0.2, 0.5) if QUICK else (1.0, 3.0)
 
 
-@pytest.mark.parametrize("contender", _service.contenders(set(_service.SERVICE_CONTENDERS)))
+@pytest.mark.parametrize("contender", service_contenders())
 @pytest.mark.parametrize("conns", CONNS, ids=lambda n: f"{n}conns")
 def test_service(benchmark: Any, conns: int, contender: str) -> None:
     benchmark.group = f"service[{conns} conns]"
-    turns: list[_service.Turn] = []
-    benchmark.pedantic(lambda: turns.append(_service.run_turn(contender, conns, WARMUP, WINDOW)),
+    turns: list[ServiceTurn] = []
+    benchmark.pedantic(lambda: turns.append(service_turn(contender, conns, WARMUP, WINDOW)),
                        rounds=ROUNDS, iterations=1)
 
     def med(field: str, scale: float = 1.0) -> float:

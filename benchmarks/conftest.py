@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from _kinds import LOOP_KINDS
 
-from bucketimer.bench import _contenders as c
+from bucketimer.bench.workloads import new_loop
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def make_loop() -> Iterator[Callable[[str], asyncio.AbstractEventLoop]]:
     loops: list[asyncio.AbstractEventLoop] = []
 
     def make(kind: str) -> asyncio.AbstractEventLoop:
-        loop = c.new_loop(LOOP_KINDS[kind])
+        loop = new_loop(LOOP_KINDS[kind])
         loops.append(loop)
         return loop
 

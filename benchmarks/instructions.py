@@ -27,16 +27,16 @@ N = 5000
 SNIPPET = r"""
 import asyncio, sys
 import bucketimer
-from bucketimer.bench import _pairs, _timeouts
+from bucketimer.bench.workloads import sync_pairs, timeout_round, wait_for_round
 op, n = sys.argv[1], int(sys.argv[2])
 ours = op.endswith("bucketimer")
 async def main():
     if op.startswith("timeout"):
-        await _timeouts.timeout_round(bucketimer.timeout if ours else asyncio.timeout, n)
+        await timeout_round(bucketimer.timeout if ours else asyncio.timeout, n)
     elif op.startswith("wait_for"):
-        await _timeouts.wait_for_round(bucketimer.wait_for if ours else asyncio.wait_for, n)
+        await wait_for_round(bucketimer.wait_for if ours else asyncio.wait_for, n)
     else:
-        _pairs.sync_pairs(asyncio.get_running_loop().call_later, n)
+        sync_pairs(asyncio.get_running_loop().call_later, n)
 factory = bucketimer.new_event_loop if op == "pair/drop-in" else asyncio.SelectorEventLoop
 with asyncio.Runner(loop_factory=factory) as r:
     r.run(main())

@@ -4,7 +4,7 @@ frames are doing.
 
     python benchmarks/profile_service.py [--conns 1000] [CONTENDER ...]
 
-Each contender's server (the kit's ``_service_server``) runs under the
+Each contender's server (the kit's, ``workloads.start_service_server``) runs under the
 kit's load generator; after the warm-up, ``py-spy record --nonblocking``
 samples it for a few seconds.  Printed per contender: the share of samples
 whose stack passes through asyncio's ``Timeout`` (``asyncio/timeouts.py``),
@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from bucketimer.bench import _service
+from bucketimer.bench.workloads import start_service_client, start_service_server
 
 CATEGORIES: list[tuple[str, Callable[[str], bool]]] = [
     ("asyncio Timeout (timeouts.py)", lambda f: "asyncio/timeouts.py" in f),
@@ -50,15 +50,9 @@ CATEGORIES: list[tuple[str, Callable[[str], bool]]] = [
 def profile(contender: str, conns: int, seconds: int, out: str) -> None:
     """Samples the server of ``contender`` under ``conns`` connections
     (shares overlap: a stack counts in every category it passes through)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bucketimer.bench._service_server", "--contender", contender,
-         "--conns", str(conns)], stdout=subprocess.PIPE, text=True)
+    server, port = start_service_server(contender, conns)
     try:
-        port = _service._read_port(server, conns)
-        client = subprocess.Popen(
-            [sys.executable, "-m", "bucketimer.bench._service_client", "--port", str(port),
-             "--conns", str(conns), "--warmup", "1", "--duration", str(seconds + 2)],
-            stdout=subprocess.DEVNULL)
+        client = start_service_client(port, conns, 1, seconds + 2, stdout=subprocess.DEVNULL)
         time.sleep(2)
         subprocess.run(["py-spy", "record", "--pid", str(server.pid), "-d", str(round(seconds)),
                         "-r", "250", "--nonblocking", "--format", "raw", "-o", out],

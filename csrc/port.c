@@ -103,13 +103,21 @@ static void close_fd(bt_port *port) {
     if (fd >= 0) close(fd);
 }
 
+/* A user holds the count for a push, a flag exchange and at most one
+ * read() or write() of the eventfd: microseconds, unless it was descheduled
+ * in between.  So detach first yields (the user is running elsewhere and is
+ * about done), then sleeps in steps short next to a time slice rather than
+ * spin while the user waits for a CPU. */
+#define WAIT_OUT_YIELDS 64
+#define WAIT_OUT_SLEEP_NS (50 * 1000)
+
 /* Waits until *count reads 0: yields first, then sleeps in short steps. */
 static void wait_out(_Atomic uint32_t *count) {
     for (unsigned i = 0; atomic_load(count) != 0; i++) {
-        if (i < 64) {
+        if (i < WAIT_OUT_YIELDS) {
             sched_yield();
         } else {
-            struct timespec ts = {0, 50 * 1000};
+            struct timespec ts = {0, WAIT_OUT_SLEEP_NS};
             nanosleep(&ts, NULL);
         }
     }

@@ -33,7 +33,10 @@ int64_t bt_time_ns(bt_timer_thread *tt) {
 }
 
 /* Beyond BT_SECONDS_RANGE (bucketimer.h): never, or (negative) as soon as
- * possible. */
+ * possible.  "As soon as possible" is INT64_MIN / 2: earlier than any clock
+ * reading, yet not INT64_MIN, which as the timer thread's nearest deadline
+ * means "collect now" (bucket.c, pass.c), and far enough from the int64
+ * limits that its difference with any clock reading stays in range. */
 int64_t bt_deadline_at(double when) {
     if (when >= BT_SECONDS_RANGE) return BT_NEVER;
     if (when <= -BT_SECONDS_RANGE) return INT64_MIN / 2;

@@ -27,9 +27,6 @@ static void Port_dealloc(PortObject *self) {
     Py_DECREF(tp);
 }
 
-/* Runs (or, in drop mode, releases) one claimed handle.  Returns -1 with an
- * exception set only for exceptions that must propagate (KeyboardInterrupt,
- * SystemExit, or a failing error handler). */
 static inline int is_exit(void) {
     return PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
            PyErr_ExceptionMatches(PyExc_SystemExit);
@@ -72,6 +69,9 @@ static int report(PortObject *self, HandleObject *h, PyObject *cb, PyObject *arg
     return rc;
 }
 
+/* Runs (or, in drop mode, releases) one claimed handle.  Returns -1 with an
+ * exception set only for exceptions that must propagate (KeyboardInterrupt,
+ * SystemExit, or a failing error handler). */
 static int run_handle(PortObject *self, HandleObject *h, int drop) {
     PyObject *cb = h->callback, *args = h->args, *ctx = h->context;
     h->callback = h->args = h->context = NULL;

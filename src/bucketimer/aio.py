@@ -41,8 +41,6 @@ _T = TypeVar("_T")
 Timeout = _core.Timeout
 timeout = _core.timeout
 timeout_at = _core.timeout_at
-# wait_for's second parameter shadows the function's name inside it.
-_timeout_cm = _core.timeout
 
 _get_running_loop = events.get_running_loop
 _ensure_future = tasks.ensure_future

@@ -60,8 +60,9 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
     recs = doc["records"]
     by = {(r["workload"], r["contender"]): r for r in recs}
     rounds = doc["suite"]["rounds"]
+    rounds_of = {"service": doc["suite"]["service_rounds"], "grpc": doc["suite"]["grpc_sets"]}
     for r in recs:
-        want = doc["suite"]["service_rounds"] if r["group"] == "service" else rounds
+        want = rounds_of.get(r["group"], rounds)
         assert len(r["samples"]) == r["rounds"] == want, r["workload"]
         if r["unit"] != "count":
             assert r["min"] <= r["p25"] <= r["median"] <= r["p75"] <= r["max"], r
@@ -72,7 +73,10 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
                 "noloop_pairs@pending", "noloop_lateness_p50", "noloop_lateness_p99",
                 "core@1", "core@2", "core_scaling@2", "core_pending", "service_rps@20",
                 "service_p50@20", "service_p99@20", "service_stall@20", "service_rss@20",
-                "reset_timeout@0", "reset_rearm@1000", "reset_rearm_tombstones@1000"}
+                "reset_timeout@0", "reset_rearm@1000", "reset_rearm_tombstones@1000",
+                "grpc_sync@plain", "grpc_sync@2 no-op", "grpc_sync@deadline+slow",
+                "grpc_sync@no timers", "grpc_aio@2 wrappers", "grpc_aio@deadline+slow",
+                "grpc_aio@slow + no-op", "grpc_sync_vs_noop", "grpc_aio_vs_noop"}
     # Heap-block rows exist only where pymalloc counts the blocks (not under
     # the sanitizer session's PYTHONMALLOC=malloc).
     assert ("reset_timeout_blocks@0" in workloads) == _resets.BLOCKS_COUNTED
@@ -86,6 +90,10 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
             assert b["ratio"] == 1.0  # the baseline of its row
         else:  # counts and scaling factors have no ratio (JSON null, not NaN)
             assert b["ratio"] is None, w
+    # Each API's verdict: deadline+slow against the target, and the parts.
+    for api in ("sync", "aio"):
+        line = next(line for line in lines if line.startswith(f"gRPC {api}: deadline+slow"))
+        assert "no-op + deadline" in line and "no timers" in line
     a = by[("pairs@0", "asyncio")]
     assert a["ratio"] == pytest.approx(a["median"] / by[("pairs@0", "bucketimer")]["median"])
     # Every timer of the lateness rounds fired exactly once: the histograms
@@ -141,6 +149,54 @@ def test_cli_degrades_without_optional_packages(tmp_path):
     assert "uvloop" not in {r["contender"] for r in doc["records"]}
 
 
+_WITHOUT_GRPC_AND_CFFI = _WITHOUT_OPTIONAL.replace('"uvloop"', '"uvloop", "grpc", "_cffi_backend"')
+
+
+def test_cli_says_what_it_skips_without_grpc_and_cffi(tmp_path):
+    """Without grpcio no grpc rows, without cffi's backend (bench._cbench
+    cannot load) no core rows: each said in the notes, and the rest runs."""
+    out_json = tmp_path / "x.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_GRPC_AND_CFFI, "--smoke", "--only", "pairs,core,grpc",
+         "--json", str(out_json)],
+        check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    notes = json.loads(out_json.read_text(encoding="utf-8"))["notes"]
+    assert "grpcio is not installed: no grpc rows (pip install grpcio)" in notes
+    assert any(n.startswith("bucketimer.bench._cbench cannot load") and "no core rows" in n
+               for n in notes), notes
+    groups = {r["group"] for r in json.loads(out_json.read_text(encoding="utf-8"))["records"]}
+    assert groups == {"pairs"}
+    assert "note: grpcio is not installed" in proc.stdout
+
+
+def test_cli_default_is_the_minute_suite():
+    from bucketimer.bench.__main__ import _parser
+
+    assert _parser().parse_args([]).suite == "quick"
+    assert _parser().parse_args(["--quick"]).suite == "quick"
+    assert _parser().parse_args(["--full"]).suite == "full"
+    # every group has a place in the default suite's sizes
+    quick = bench.SUITES["quick"]
+    assert quick.grpc_sets >= 1 and quick.service_conns and quick.core_threads
+
+
+def test_public_workload_api_is_complete():
+    from bucketimer.bench import workloads
+
+    assert "workloads" in bench.__all__
+    for name in workloads.__all__:
+        assert getattr(workloads, name) is not None, name
+    assert set(workloads.LOOP_CONTENDERS) <= set(bench.CONTENDERS)
+    ge = pytest.importorskip("bucketimer.bench.grpc_echo", exc_type=ImportError)
+    for name in ge.__all__:
+        assert hasattr(ge, name), name
+    names = [name for name, _ in ge.interceptor_sets("aio")]
+    assert names == [*ge.SERVERS, *ge.PARTS]
+    with pytest.raises(ValueError):
+        ge.interceptor_sets("nope")
+
+
 def test_cli_rejects_bad_arguments():
     proc = subprocess.run([sys.executable, "-m", "bucketimer.bench", "--only", "nope"],
                           check=False, capture_output=True, text=True, timeout=60)
@@ -153,6 +209,8 @@ def test_run_api_records_and_table():
                      progress=False, rounds=2, as_frame=False)
     assert isinstance(data, bench.Records)
     assert data.meta["suite"]["rounds"] == 2
+    assert list(data.meta["group_seconds"]) == ["noloop"]
+    assert 0 < data.meta["group_seconds"]["noloop"] <= data.meta["elapsed_s"]
     assert {r["contender"] for r in data} == {"bucketimer", "sched"}
     assert all(r["group"] == "noloop" for r in data)
     table = bench.format_table(data)

@@ -1,7 +1,9 @@
 """bucketimer.bench: what timers cost, against what Python uses today.
 
-From a terminal: ``python -m bucketimer.bench [--quick] [--json F] [--csv F]
-[--plot F.png]`` prints one table (workloads as rows, contenders as columns).
+From a terminal: ``python -m bucketimer.bench [--full] [--only GROUPS]
+[--json F] [--csv F] [--plot F.png]`` prints one table (workloads as rows,
+contenders as columns): every group in about a minute, or with ``--full``
+the standard suite in about ten.
 
 From a notebook::
 
@@ -19,6 +21,9 @@ From a notebook::
 Every figure of one ``run`` comes from the same process and the same run;
 the result carries the suite sizes, the machine and package versions
 (``df.attrs`` or ``records.meta``).
+
+Scripts of your own: :mod:`bucketimer.bench.workloads` has the timed loops
+the rows run (and :mod:`bucketimer.bench.grpc_echo` the gRPC ones).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Self
 
+from . import workloads
 from ._contenders import CONTENDERS
 from ._machine import machine_info
 from ._plot import PANELS, hist_of, plot, plot_lateness, plot_stats_timeline
@@ -54,6 +60,7 @@ __all__ = [
     "plot_stats_timeline",
     "run",
     "write_csv",
+    "workloads",
     "write_json",
 ]
 
@@ -76,7 +83,8 @@ def run(suite: str | Suite = "quick", *, groups: Sequence[str] | None = None,
 
     ``suite``: ``"smoke"`` (seconds), ``"quick"`` (< 1 min), ``"full"`` (about
     ten minutes) or a :class:`Suite`.  ``groups``: a subset of
-    ``("pairs", "timeout", "lateness", "noloop", "core", "reset", "service")``.  ``contenders``:
+    ``("pairs", "timeout", "lateness", "noloop", "core", "reset", "service",
+    "grpc")``.  ``contenders``:
     a subset of :data:`CONTENDERS` (``"bucketimer"`` must stay: it is every
     ratio's baseline).  ``progress``: a ``tqdm.auto`` bar when tqdm is
     installed.  ``rounds`` overrides the suite's number of rounds (of the
@@ -104,6 +112,7 @@ def run(suite: str | Suite = "quick", *, groups: Sequence[str] | None = None,
         "machine": machine,
         "notes": list(runner.notes),
         "elapsed_s": time.perf_counter() - t0,
+        "group_seconds": dict(runner.group_seconds),
         "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
     }
     if as_frame is not False:

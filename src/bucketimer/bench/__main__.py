@@ -1,9 +1,10 @@
 """``python -m bucketimer.bench``: run the suite, print the table, write files.
 
-    python -m bucketimer.bench                 # the full suite (about ten minutes, ~1.6 GB)
-    python -m bucketimer.bench --quick         # under a minute, ~0.2 GB
+    python -m bucketimer.bench                 # every group in about a minute, ~0.2 GB
+    python -m bucketimer.bench --full          # the standard suite: ten minutes, ~1.6 GB
     python -m bucketimer.bench --only service  # the loopback service benchmark alone
-    python -m bucketimer.bench --quick --json out.json --csv out.csv --plot out.png
+    python -m bucketimer.bench --only grpc     # the gRPC interceptors' cost alone
+    python -m bucketimer.bench --json out.json --csv out.csv --plot out.png
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bucketimer.bench",
         description="bucketimer's timers against asyncio, uvloop, threading.Timer, sched "
-                    "and a single-lock heap, and a loopback service under load: one table, "
-                    "every figure from the same run.")
+                    "and a single-lock heap, a loopback service under load and gRPC calls: one "
+                    "table, every figure from the same run.")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", dest="suite", action="store_const", const="quick",
-                      help="smaller sizes, fewer rounds: under a minute")
+                      help="the default: every group, smaller sizes, fewer rounds: about a "
+                           "minute")
     size.add_argument("--smoke", dest="suite", action="store_const", const="smoke",
                       help="tiny sizes: checks that everything runs (a few seconds)")
     size.add_argument("--full", dest="suite", action="store_const", const="full",
-                      help="the standard suite (the default): about ten minutes; it holds "
-                           "a million pending timers per column at once (~1.6 GB)")
-    p.set_defaults(suite="full")
+                      help="the standard suite: about ten minutes; it holds a million "
+                           "pending timers per column at once (~1.6 GB)")
+    p.set_defaults(suite="quick")
     p.add_argument("--rounds", type=int, help="override the suite's number of rounds")
     p.add_argument("--only", metavar="GROUPS",
                    help=f"comma-separated workload groups to run, of: {','.join(GROUPS)}")
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             ["python -m bucketimer.bench", *(sys.argv[1:] if argv is None else argv)])
         elapsed = time.perf_counter() - t0
         print(format_table(data, sys.stdout))
-        print(f"({args.suite} suite: {elapsed:.1f} s)")
+        per_group = ", ".join(f"{g} {t:.1f}" for g, t in data.meta["group_seconds"].items())
+        print(f"({args.suite} suite: {elapsed:.1f} s; s per group: {per_group})")
     if args.json:
         write_json(data, args.json)
         print(f"wrote {args.json}")

@@ -114,15 +114,29 @@ class WorkerPool:
             t.join()
 
 
+def _cbench() -> tuple[Any, Any] | str:
+    """(ffi, lib) of the kit's cffi module, or why it cannot load (it needs
+    cffi's backend, which the ``bench`` and ``cffi`` extras install)."""
+    try:
+        from ._cbench import ffi, lib
+    except ImportError as e:
+        return f"{e}"
+    return ffi, lib
+
+
 def steps(runner: Runner) -> int:
     s = runner.suite
-    return s.rounds * (1 + len(s.core_threads))
+    return s.rounds * (1 + len(s.core_threads)) if not isinstance(_cbench(), str) else 0
 
 
 def run(runner: Runner) -> None:
     s = runner.suite
-    from ._cbench import ffi, lib
-
+    loaded = _cbench()
+    if isinstance(loaded, str):
+        runner.notes.append(f"bucketimer.bench._cbench cannot load ({loaded}): no core rows, "
+                            f"so no '{REF_HEAP}' column (pip install cffi)")
+        return
+    ffi, lib = loaded
     impls = [BUCKETIMER] + ([REF_HEAP] if REF_HEAP in runner.want else [])
     delay = int(PAIR_DELAY * 1e9)
     pool = WorkerPool(max(s.core_threads))

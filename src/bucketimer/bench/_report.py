@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
+from ._grpc import verdict as grpc_verdict
 from ._resets import verdict as reset_verdict
 from ._service import verdict as service_verdict
 
@@ -76,7 +77,8 @@ def _cell(rec: dict[str, Any], sym: dict[str, str]) -> tuple[str, str]:
 
 
 # Fields only some records have: a DataFrame fills the others with NaN.
-_OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note", "conns", "pair")
+_OPTIONAL_FIELDS = ("pending", "threads", "hist", "total", "timers", "note", "conns", "pair",
+                    "api", "server")
 
 
 def as_records(data: Any) -> list[dict[str, Any]]:
@@ -111,6 +113,7 @@ def format_table(data: Any, stream: Any = None) -> str:
     out.extend(core_verdict(recs, machine))
     out.extend(reset_verdict(recs))
     out.extend(service_verdict(recs))
+    out.extend(grpc_verdict(recs))
     out.extend(_notes(meta))
     return "\n".join(out)
 
@@ -178,6 +181,12 @@ def _legend(recs: list[dict[str, Any]], sym: dict[str, str]) -> list[str]:
                    "under N connections of a load generator in another process; latency "
                    "from the client, stall = the server's heartbeat lateness, busy = share "
                    "of the window a process's loop thread ran or waited for a CPU.")
+    if any(r["group"] == "grpc" for r in recs):
+        out.append("gRPC rows: a unary echo over 127.0.0.1 to servers whose interceptors are "
+                   "none (plain), 2 pass-throughs (2 no-op), 2 that wrap the handler, "
+                   "bucketimer.grpc's SlowCallInterceptor + ServerDeadlineInterceptor "
+                   "(deadline+slow) and its parts; the servers' calls take turns; a round = "
+                   "one fresh set of servers, its median per call.")
     if any(r["group"] == "core" for r in recs):
         out.append(f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
                    f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one "

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import gc
 import random
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from . import _lateness, _native, _noloop, _pairs, _resets, _service, _timeouts
+from . import _grpc, _lateness, _native, _noloop, _pairs, _resets, _service, _timeouts
 from ._contenders import BUCKETIMER, CONTENDERS, UVLOOP, LoopFactory, loop_factories
 from ._records import add_ratios
 from ._suite import Suite
@@ -25,6 +26,7 @@ _GROUP_MODULES: dict[str, ModuleType] = {
     "core": _native,
     "reset": _resets,
     "service": _service,
+    "grpc": _grpc,
 }
 GROUPS = tuple(_GROUP_MODULES)
 
@@ -64,6 +66,8 @@ class Runner:
         self.groups = tuple(g for g in GROUPS if g in groups)
         self.records: list[dict[str, Any]] = []
         self.notes: list[str] = []
+        # s each group took, set-up included, in the order they ran
+        self.group_seconds: dict[str, float] = {}
         self.rng = random.Random(seed)
         self.want = set(contenders) if contenders is not None else set(CONTENDERS)
         unknown = self.want - set(CONTENDERS)
@@ -99,7 +103,9 @@ class Runner:
         gc_was_enabled = gc.isenabled()
         try:
             for g in self.groups:
+                t0 = time.perf_counter()
                 _GROUP_MODULES[g].run(self)
+                self.group_seconds[g] = time.perf_counter() - t0
         finally:
             if gc_was_enabled:
                 gc.enable()

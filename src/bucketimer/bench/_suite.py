@@ -35,6 +35,8 @@ class Suite:
     service_rounds: int  # turns of each contender at each size
     service_warmup: float  # s of load before the measured window
     service_window: float  # s of the measured window
+    grpc_sets: int  # fresh sets of gRPC servers per API
+    grpc_calls: int  # interleaved calls to each server of a set
 
 
 SUITES: dict[str, Suite] = {
@@ -44,22 +46,23 @@ SUITES: dict[str, Suite] = {
                    noloop_pending=1000, thread_timer_pairs=10, thread_timer_late=10,
                    core_pairs=20_000, core_threads=(1, 2), core_pending=10_000,
                    service_conns=(20,), service_rounds=2, service_warmup=0.1,
-                   service_window=0.3),
-    # `--quick`: the whole table in under a minute (half of it the service rows).
+                   service_window=0.3, grpc_sets=2, grpc_calls=30),
+    # The default (`--quick` names it too): every group, the whole table in
+    # about a minute (half of it the service rows).
     "quick": Suite("quick", rounds=5, pairs=20_000, batch=1000, pending=(0, 10_000, 100_000),
                    timeouts=5000, late_timers=300, late_window=0.1, noloop_pairs=10_000,
                    noloop_pending=10_000, thread_timer_pairs=100, thread_timer_late=50,
                    core_pairs=300_000, core_threads=(1, 2, 4), core_pending=100_000,
                    service_conns=(100, 1000), service_rounds=3, service_warmup=0.2,
-                   service_window=0.5),
-    # The default: about ten minutes (the 10 000-connection service rows: four).
+                   service_window=0.5, grpc_sets=2, grpc_calls=300),
+    # `--full`: about ten minutes (the 10 000-connection service rows: four).
     "full": Suite("full", rounds=9, pairs=100_000, batch=1000,
                   pending=(0, 10_000, 1_000_000), timeouts=20_000, late_timers=2000,
                   late_window=0.3, noloop_pairs=50_000, noloop_pending=10_000,
                   thread_timer_pairs=300, thread_timer_late=200, core_pairs=2_000_000,
                   core_threads=(1, 2, 4), core_pending=1_000_000,
                   service_conns=(100, 1000, 10_000), service_rounds=5, service_warmup=1.0,
-                  service_window=3.0),
+                  service_window=3.0, grpc_sets=4, grpc_calls=2000),
 }
 
 
