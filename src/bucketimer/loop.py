@@ -53,8 +53,8 @@ from collections.abc import Callable, Coroutine
 from time import monotonic as _monotonic
 from typing import Any, TypeVar, cast
 
-from . import _timers
-from ._timers import TimerThread
+from . import _backend
+from ._backend import TimerThread
 
 __all__ = ["EventLoop", "install", "new_event_loop", "run"]
 if sys.version_info < (3, 14):
@@ -112,13 +112,15 @@ class _NativeTimersMixin:
         """The TimerThread serving this loop's timers (default: the process-wide one)."""
         tt = self._bt_timer_thread
         if tt is None:
-            return _timers.default_timer_thread()
+            return _backend.default_timer_thread()
         return tt
 
     def _bt_native(self) -> bool:
-        """True when timers go to the native core (not debug, stock clock)."""
+        """True when timers go to the native core (the native backend, not
+        debug, stock clock).  On the pure backend they are the host loop's."""
         cls = type(self)
-        return not self.get_debug() and cls.time is cls._bt_stock_time  # type: ignore[attr-defined]
+        return (_backend.NATIVE and not self.get_debug()
+                and cls.time is cls._bt_stock_time)  # type: ignore[attr-defined]
 
     def _bt_update_fast_path(self) -> None:
         cls = type(self)
@@ -130,7 +132,7 @@ class _NativeTimersMixin:
         )
         d = self.__dict__
         tt = self.timer_thread
-        if self._bt_scheduler_tt is not tt:
+        if self._bt_scheduler_tt is not tt and _backend.NATIVE:
             self._bt_scheduler_tt = tt
             loop = cast(asyncio.AbstractEventLoop, self)
             self._bt_at = tt._scheduler(loop, True)
