@@ -357,6 +357,7 @@ def test_fd_limit_is_raised_for_the_sockets():
 # ---- deadline resets ------------------------------------------------------------------
 
 
+@pytest.mark.native
 def test_reset_rows_see_what_a_reset_leaves():
     """The probes see asyncio's tombstones and its Python objects, so they
     would see bucketimer's if it left any."""

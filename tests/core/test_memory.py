@@ -227,6 +227,7 @@ print(json.dumps(report))
 
 
 @pytest.mark.skipif(SANITIZED, reason="ASan reserves its heap up front: RLIMIT_AS cannot make it fail")
+@pytest.mark.native
 def test_failed_allocation_raises_memoryerror_and_the_process_survives():
     # pymalloc without a Py_DEBUG build's allocator hooks, whose padding
     # would keep a Handle out of the ballast's holes.

@@ -102,7 +102,8 @@ def check_counters(s: dict, *, scheduled: int, wins: int, runs: int, ports: int)
     assert s["reaped"] == s["cancelled"] and s["dead"] == 0, s
     assert s["heap_size"] == 0 and s["list_size"] == 0, s
     assert s["slots_free"] == s["slots"], s
-    assert s["ports"] == ports, s
+    if bucketimer.backend == "native":  # the pure backend has no ports
+        assert s["ports"] == ports, s
 
 
 # -- part 1: the GIL-free binding -------------------------------------------------
