@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 NO_EXTENSIONS = bool(os.environ.get("BUCKETIMER_NO_EXTENSIONS"))
 
@@ -31,7 +32,9 @@ def _native_core() -> ModuleType | None:
 
 NATIVE = _native_core() is not None
 
-if NATIVE:
+# A type checker reads the native API: the pure one has the same signatures
+# (mypy checks its modules on their own).
+if TYPE_CHECKING or NATIVE:
     backend = "native"
     from . import aio
     from ._core import monotonic_ns

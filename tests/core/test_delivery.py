@@ -19,7 +19,6 @@ import pytest
 from _helpers import Recorder, check_ok, run_python, var, wait_until
 
 import bucketimer
-from bucketimer import _core
 
 pytestmark = pytest.mark.timeout(120)
 
