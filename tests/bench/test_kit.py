@@ -212,6 +212,7 @@ def test_plot_lateness_from_a_timer_thread():
 # ---- the C reference timer and the GIL-free loops (through bench._cbench) ----------
 
 
+@pytest.mark.native
 def test_bench_c_is_in_the_kits_module_only():
     """The public cffi module carries the core's API alone; the kit's module
     carries it too (its cores are made there) and the benchmark C."""
@@ -225,6 +226,7 @@ def test_bench_c_is_in_the_kits_module_only():
         assert hasattr(_cbench.lib, name), name
 
 
+@pytest.mark.native
 def test_reference_heap_fires_what_was_not_cancelled():
     from bucketimer.bench._cbench import ffi, lib
 
@@ -254,6 +256,7 @@ def test_reference_heap_fires_what_was_not_cancelled():
         lib.bt_ref_destroy(rt)
 
 
+@pytest.mark.native
 def test_bench_loops_on_the_bucketed_core():
     from bucketimer.bench._cbench import ffi, lib
     from bucketimer.bench._contenders import BUCKETIMER

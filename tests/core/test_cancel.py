@@ -241,6 +241,7 @@ def test_foreign_handle_from_a_closed_timer_thread(tt):
 # -- bad input ------------------------------------------------------------------------
 
 
+@pytest.mark.native
 def test_an_id_from_one_core_cancels_nothing_on_another(cffi_core: Callable[..., Any]) -> None:
     """Through the C API (``bucketimer._cffi``): a core answers BT_UNKNOWN for
     another core's ids and keeps its own timers, both for the first timer a

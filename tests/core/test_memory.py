@@ -153,6 +153,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 @pytest.mark.skipif(SANITIZED, reason="RSS means nothing under a sanitizer's allocator")
+@pytest.mark.native
 def test_ten_million_live_timers_bytes_per_timer():
     p = run_python(TEN_MILLION, timeout=900)
     out = json.loads(check_ok(p).strip().splitlines()[-1])
