@@ -39,6 +39,7 @@ if TYPE_CHECKING or NATIVE:
     from . import aio
     from ._core import monotonic_ns
     from ._timers import Handle, TimerThread, call_at, call_later, default_timer_thread
+    from .aio import Timeout, timeout, timeout_at, wait_for
 else:
     backend = "python"
     from time import monotonic_ns
@@ -47,16 +48,12 @@ else:
     from ._pure._default import call_at, call_later, default_timer_thread
     from ._pure._handle import Handle
     from ._pure._timer_thread import TimerThread
+    from ._pure.aio import Timeout, timeout, timeout_at, wait_for
 
     # ``bucketimer.aio`` is public: on this backend it is the pure module
     # (as ``os.path`` is ``posixpath``), so ``import bucketimer.aio`` and
     # ``from bucketimer import aio`` never reach the native one.
     sys.modules[f"{__package__}.aio"] = aio
-
-Timeout = aio.Timeout
-timeout = aio.timeout
-timeout_at = aio.timeout_at
-wait_for = aio.wait_for
 
 __all__ = ["NATIVE", "Handle", "Timeout", "TimerThread", "aio", "backend", "call_at",
            "call_later", "default_timer_thread", "monotonic_ns", "timeout", "timeout_at",

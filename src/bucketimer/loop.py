@@ -119,8 +119,7 @@ class _NativeTimersMixin:
         """True when timers go to the native core (the native backend, not
         debug, stock clock).  On the pure backend they are the host loop's."""
         cls = type(self)
-        return (_backend.NATIVE and not self.get_debug()
-                and cls.time is cls._bt_stock_time)  # type: ignore[attr-defined]
+        return _backend.NATIVE and not self.get_debug() and cls.time is cls._bt_stock_time  # type: ignore[attr-defined]
 
     def _bt_update_fast_path(self) -> None:
         cls = type(self)

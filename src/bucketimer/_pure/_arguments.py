@@ -52,12 +52,12 @@ def deadline_ns(when: float) -> int:
     return ns
 
 
-def check_callback(callback: Any, context: Any) -> contextvars.Context | None:
+def check_callback(callback: Any, context: Any) -> Any:
     if not callable(callback):
         raise TypeError(f"callback must be callable, not {type(callback).__name__}")
     if context is not None and type(context) is not contextvars.Context:
         raise TypeError(f"context must be a contextvars.Context, not {type(context).__name__}")
-    return context  # type: ignore[no-any-return]
+    return context
 
 
 def check_loop(loop: Any) -> asyncio.AbstractEventLoop:
