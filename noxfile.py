@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -55,6 +56,15 @@ def tests_public(session: nox.Session) -> None:
     state is used, so every public-API fallback is what runs."""
     session.install(".[test]")
     _pytest(session, env={"BUCKETIMER_PUBLIC_API": "1"})
+
+
+@nox.session(name="tests-pure", python=PYTHONS)
+def tests_pure(session: nox.Session) -> None:
+    """The suite on the pure-Python backend (BUCKETIMER_NO_EXTENSIONS=1, set
+    as aio-libs' packages set theirs); tests of native-only things (marked
+    ``native``) skip, saying so."""
+    session.install(".[test]")
+    _pytest(session, env={"BUCKETIMER_NO_EXTENSIONS": "1"})
 
 
 @nox.session(name="tests-debug", python=DEBUG_PYTHONS)
@@ -418,8 +428,8 @@ def _build_sdist(session: nox.Session, outdir: Path) -> Path:
 
 @nox.session(python="3.11")
 def dist(session: nox.Session) -> None:
-    """The sdist and one audited manylinux wheel per supported CPython and
-    architecture, in dist/.
+    """The sdist, one audited manylinux wheel per supported CPython and
+    architecture, and the pure-Python py3-none-any wheel, in dist/.
 
     Each wheel is built from the sdist by tools/build_wheel.py under its own
     interpreter: with zig cc targeting glibc 2.28, repaired and checked by
@@ -454,7 +464,14 @@ def dist(session: nox.Session) -> None:
         if s is not None:
             summaries.append(s)
 
+    pure = _pure_wheel(session, sdist)
+    if pure is None:
+        failed.append("py3-none-any")
+    _sdist_fallback(session, sdist)
+
     session.log(f"sdist: {sdist.name} ({sdist.stat().st_size} bytes)")
+    if pure is not None:
+        session.log(f"{pure.name}: {pure.stat().st_size} bytes; pure Python; smoke tests passed")
     for s in summaries:
         session.log(
             f"{s['wheel']}: {s['size']} bytes; newest glibc symbol {s['newest_glibc']}; "
@@ -462,7 +479,82 @@ def dist(session: nox.Session) -> None:
             f"smoke tests {s['smoke']}; {s['seconds']} s"
         )
     if failed:
-        session.error(f"no wheel for CPython {', '.join(failed)} (see above)")
+        session.error(f"no wheel for {', '.join(failed)} (see above)")
+
+
+@nox.session(name="dist-pure", python="3.11")
+def dist_pure(session: nox.Session) -> None:
+    """What ``dist`` builds for systems with no native wheel, alone: the sdist,
+    the py3-none-any wheel (in dist/) and the sdist's fallback build, each
+    installed in a fresh venv and smoke-tested."""
+    session.install("build")
+    DIST_DIR.mkdir(exist_ok=True)
+    for old in DIST_DIR.glob("*.tar.gz"):
+        old.unlink()
+    session.run("python", "-m", "build", "--sdist", "--outdir", str(DIST_DIR))
+    (sdist,) = DIST_DIR.glob("*.tar.gz")
+    _check_sdist(session, sdist)
+    pure = _pure_wheel(session, sdist)
+    if pure is None:
+        session.error("no py3-none-any wheel")
+    _sdist_fallback(session, sdist)
+    session.log(f"{pure.name}: {pure.stat().st_size} bytes; pure Python; smoke tests passed")
+
+
+def _smoke_in_fresh_venv(session: nox.Session, wheel: Path, work: Path) -> None:
+    """Installs ``wheel`` into a new venv under ``work`` and runs the smoke
+    tests there from an empty directory, expecting the pure backend."""
+    venv = work / "venv"
+    session.run("python", "-m", "venv", str(venv))
+    py = str(venv / "bin" / "python")
+    session.run(py, "-m", "pip", "install", "-q", str(wheel), "pytest", external=True)
+    smoke = work / "smoke"
+    smoke.mkdir()
+    shutil.copy(ROOT / "tests" / "test_smoke.py", smoke)
+    with session.chdir(smoke):
+        session.run(py, "-m", "pytest", "-p", "no:cacheprovider", "-v", "test_smoke.py",
+                    env={"BUCKETIMER_SMOKE_INSTALLED": "1", "BUCKETIMER_SMOKE_BACKEND": "python"},
+                    external=True)
+
+
+def _sdist_fallback(session: nox.Session, sdist: Path) -> None:
+    """The sdist on a system where the native core cannot be built
+    (simulated: BUCKETIMER_PRETEND_UNSUPPORTED=1) builds the pure package,
+    saying why, and that package passes the smoke tests."""
+    work = DIST_WORK / "fallback"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    log = session.run("python", "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(work),
+                      str(sdist), env={"BUCKETIMER_PRETEND_UNSUPPORTED": "1"}, silent=True)
+    if not isinstance(log, str) or "installed the pure-Python package instead" not in log:
+        session.error("the sdist's fallback build did not say it built the pure package")
+    (wheel,) = work.glob("*-py3-none-any.whl")
+    _smoke_in_fresh_venv(session, wheel, work)
+    session.log(f"sdist fallback: {wheel.name}, smoke tests passed")
+
+
+def _pure_wheel(session: nox.Session, sdist: Path) -> Path | None:
+    """The py3-none-any wheel: the pure-Python backend alone, for every system
+    with no native wheel (pyproject.toml's overrides: no CMake run), built
+    from the sdist, installed in a fresh venv and smoke-tested there against
+    an empty directory; None if the build made any other wheel."""
+    work = DIST_WORK / "pure"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    env = {"BUCKETIMER_NO_EXTENSIONS": "1"}
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", str(work), str(sdist),
+                env=env)
+    (wheel,) = work.glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        compiled = [n for n in zf.namelist() if n.endswith((".so", ".pyd", ".dylib"))]
+    if not wheel.name.endswith("-py3-none-any.whl") or compiled:
+        session.warn(f"{wheel.name}: not a pure py3-none-any wheel ({compiled})")
+        return None
+    _smoke_in_fresh_venv(session, wheel, work)
+    target = DIST_DIR / wheel.name
+    shutil.copy(wheel, target)
+    return target
+
 
 
 # -- aarch64 under emulation -------------------------------------------------------

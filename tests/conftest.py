@@ -66,7 +66,19 @@ settings.load_profile(_profile_name())
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"hypothesis profile: {_profile_name()}"
+    return f"hypothesis profile: {_profile_name()}; bucketimer backend: {bucketimer.backend}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """One suite, both backends: tests marked ``native`` test what only the
+    native backend has (the C core through ``_cffi``, its counters, compat
+    reads of CPython's state) and skip on the pure one, saying so."""
+    if bucketimer.backend == "native":
+        return
+    skip = pytest.mark.skip(reason="native backend only (bucketimer.backend is 'python')")
+    for item in items:
+        if item.get_closest_marker("native") is not None:
+            item.add_marker(skip)
 
 
 # -- fixtures ---------------------------------------------------------------------

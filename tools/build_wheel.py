@@ -203,6 +203,9 @@ def main() -> int:
     plat = f"manylinux_{MANYLINUX}_{arch()}"
     env = {k: v for k, v in os.environ.items() if k not in ("CC", "CFLAGS", "LDFLAGS", "PYTHONPATH")}
     env.pop("BUCKETIMER_SANITIZE", None)  # a release build is never a sanitizer build
+    # A platform wheel is native or nothing: never the pure fallback (pyproject.toml).
+    env["BUCKETIMER_NATIVE_REQUIRED"] = "1"
+    env.pop("BUCKETIMER_NO_EXTENSIONS", None)
 
     # -- tools -----------------------------------------------------------------
     tools_py = venv(work / "tools")

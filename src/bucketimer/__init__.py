@@ -13,6 +13,9 @@ an eventfd) or to a dispatcher thread.
   asyncio loop whose ``call_at``/``call_later`` are native
   (:func:`install` and :class:`EventLoopPolicy` too, where asyncio still has
   event loop policies).
+* ``backend``: ``"native"``, or ``"python"`` where the compiled modules
+  are missing or ``BUCKETIMER_NO_EXTENSIONS`` is set (docs/design.rst,
+  "The pure-Python backend").
 * ``bucketimer.grpc`` (the ``grpc`` extra): interceptors;
   ``bucketimer.bench``: the benchmark kit.
 """
@@ -21,10 +24,22 @@ import sys
 from typing import Any
 
 from . import loop
-from ._core import monotonic_ns
-from ._timers import Handle, Stats, TimerThread, call_at, call_later, default_timer_thread
+from ._backend import (
+    Handle,
+    Timeout,
+    TimerThread,
+    backend,
+    call_at,
+    call_later,
+    default_timer_thread,
+    monotonic_ns,
+    timeout,
+    timeout_at,
+    wait_for,
+)
+from ._backend import aio as aio
+from ._stats import Stats
 from ._version import __version__ as __version__
-from .aio import Timeout, timeout, timeout_at, wait_for
 from .loop import EventLoop, install, new_event_loop, run
 
 __all__ = [
@@ -33,6 +48,7 @@ __all__ = [
     "Stats",
     "Timeout",
     "TimerThread",
+    "backend",
     "call_at",
     "call_later",
     "default_timer_thread",

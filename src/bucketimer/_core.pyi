@@ -9,7 +9,7 @@ from typing import Any, Final, Generic, Self, TypeVar, TypeVarTuple, Unpack, fin
 
 from typing_extensions import disjoint_base
 
-from ._timers import Stats
+from ._stats import Stats
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")

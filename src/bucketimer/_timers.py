@@ -13,77 +13,25 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
-import logging
 import os
 import select
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
-from typing import Any, TypedDict, TypeVarTuple, Unpack
+from collections.abc import Callable
+from typing import Any, TypeVarTuple, Unpack
 
 from . import _core
+from ._reporting import logger
+from ._reporting import loop_reporter as _make_loop_reporter
+from ._reporting import report_to_log as _report_to_log
+from ._stats import Stats
 
 _Ts = TypeVarTuple("_Ts")
 
 __all__ = ["Handle", "Stats", "TimerThread", "call_at", "call_later", "default_timer_thread"]
 
-logger = logging.getLogger("bucketimer")
-
 Handle = _core.Handle
-
-
-class Stats(TypedDict):
-    """What ``TimerThread.stats()`` returns: the core's counters
-    (docs/design.rst, rule 10).  At rest, ``scheduled == ran + cancelled +
-    dropped`` and ``slots_free + slots_retired == slots``."""
-
-    scheduled: int
-    cancelled: int
-    postponed: int
-    fired: int
-    posted: int
-    ran: int
-    dropped: int
-    wakeups: int
-    passes: int
-    eventfd_writes: int
-    drains: int
-    sweeps: int
-    reaped: int
-    heap_size: int
-    list_size: int
-    dead: int
-    slots: int
-    slots_free: int
-    slots_retired: int
-    ports: int
-    buckets: int
-    early_fires: int
-    #: bucket i counts lateness in [2**(i-1), 2**i) ns; bucket 0, none
-    lateness_hist: list[int]
-
-
-def _report_to_loop(loop: asyncio.AbstractEventLoop, handle: Any, exc: BaseException) -> None:
-    """Report a failing callback exactly as asyncio reports a failing handle."""
-    cb = _describe_callback(handle.callback, handle.args or ())
-    loop.call_exception_handler(
-        {"message": f"Exception in callback {cb}", "exception": exc, "handle": handle}
-    )
-
-
-def _describe_callback(func: object, args: Iterable[Any]) -> str:
-    """asyncio's text for a callback (from a private helper it has had since
-    3.7; its signature differs between versions), else ``repr(func)``."""
-    try:
-        from asyncio.format_helpers import _format_callback_source
-    except ImportError:  # pragma: no cover
-        return repr(func)
-    return _format_callback_source(func, args)
-
-
-def _report_to_log(handle: Any, exc: BaseException) -> None:
-    logger.error("Exception in timer callback %r", handle, exc_info=exc)
 
 
 class TimerThread(_core.TimerThread):
@@ -306,13 +254,6 @@ class TimerThread(_core.TimerThread):
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"
         return f"<bucketimer.TimerThread {state} ports={len(self._ports)}>"
-
-
-def _make_loop_reporter(loop: Any) -> Callable[[Any, BaseException], None]:
-    def report(handle: Any, exc: BaseException) -> None:
-        _report_to_loop(loop, handle, exc)
-
-    return report
 
 
 def _add_reader_if_open(loop: Any, port: _core.Port) -> None:

@@ -55,8 +55,8 @@ from collections.abc import Callable, Coroutine
 from time import monotonic as _monotonic
 from typing import Any, TypeVar, cast
 
-from . import _timers
-from ._timers import TimerThread
+from . import _backend
+from ._backend import TimerThread
 
 __all__ = ["EventLoop", "install", "new_event_loop", "run"]
 if sys.version_info < (3, 14):
@@ -114,16 +114,18 @@ class _NativeTimersMixin:
         """The TimerThread serving this loop's timers (default: the process-wide one)."""
         tt = self._bt_timer_thread
         if tt is None:
-            return _timers.default_timer_thread()
+            return _backend.default_timer_thread()
         return tt
 
     def _bt_native(self) -> bool:
-        """True when timers go to the native core: not in debug mode, and
-        ``time`` is the stock clock, neither overridden by a subclass nor
-        replaced on the instance (``mock.patch.object(loop, "time")``)."""
+        """True when timers go to the native core: the native backend, not in
+        debug mode, and ``time`` is the stock clock, neither overridden by a
+        subclass nor replaced on the instance (``mock.patch.object(loop,
+        "time")``).  On the pure backend they are the host loop's."""
         cls = type(self)
         return (
-            not self.get_debug()  # type: ignore[attr-defined]
+            _backend.NATIVE
+            and not self.get_debug()  # type: ignore[attr-defined]
             and cls.time is cls._bt_stock_time  # type: ignore[attr-defined]
             and "time" not in self.__dict__
         )
@@ -138,7 +140,7 @@ class _NativeTimersMixin:
         )
         d = self.__dict__
         tt = self.timer_thread
-        if self._bt_scheduler_tt is not tt:
+        if self._bt_scheduler_tt is not tt and _backend.NATIVE:
             self._bt_scheduler_tt = tt
             loop = cast(asyncio.AbstractEventLoop, self)
             self._bt_at = tt._scheduler(loop, True)

@@ -17,6 +17,9 @@ from _helpers import check_ok, run_python
 import bucketimer
 from bucketimer import _core
 
+# The C helpers' reads of CPython's private state: the native backend's alone.
+pytestmark = pytest.mark.native
+
 READS = ("running_loop", "current_task", "stop_iteration", "cr_await")
 FORCED = os.environ.get("BUCKETIMER_PUBLIC_API", "") not in ("", "0")
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))

@@ -408,6 +408,7 @@ def test_an_awaitable_the_caller_holds_is_never_handed_out_again(t, run):
 
     assert run(main()) == "<Timeout [finished]>"
 
+@pytest.mark.native
 def test_a_timeout_whose_enter_was_dropped_unawaited_is_collected():
     """The Timeout keeps __aenter__'s awaitable (to serve __aexit__ with it)
     and that awaitable keeps the Timeout until it runs: dropped unawaited,
@@ -783,6 +784,7 @@ def test_callback_runs_in_task_context(t, run):
 
 # -- wait_for -----------------------------------------------------------------------------------
 
+@pytest.mark.native
 def test_timer_lives_in_the_core():
     tt = bucketimer.default_timer_thread()
 
@@ -798,6 +800,7 @@ def test_timer_lives_in_the_core():
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
         assert r.run(main()) == 2
 
+@pytest.mark.native
 def test_reschedule_later_moves_the_timer_in_place():
     """A later deadline moves the armed timer in the core (an idle timeout
     reset on every message): no new timer, no cancelled entry left behind,
@@ -834,6 +837,7 @@ def test_reschedule_later_moves_the_timer_in_place():
     assert not_early
     assert elapsed < 10  # it cut the sleep short: it fired at its moved deadline
 
+@pytest.mark.native
 def test_reschedule_earlier_or_past_rearms():
     """An earlier or already-passed deadline cannot move the timer in place:
     it is re-armed (asyncio's way), and fires when asked."""
@@ -852,6 +856,7 @@ def test_reschedule_earlier_or_past_rearms():
     with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
         assert r.run(main()) == (2, 0)
 
+@pytest.mark.native
 def test_timer_thread_replaced_after_close():
     """When the default TimerThread is closed, the helpers move to the new one."""
 
@@ -1014,6 +1019,7 @@ def test_any_delay_same_outcome_as_asyncio(delay, sleeps):
             assert ours == ref, (delay, ours, ref)
 
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.native
 def test_nan_delay_is_an_error():
     """asyncio takes a NaN deadline (and arms a timer that never orders
     properly in its heap); bucketimer refuses it with ValueError, as every

@@ -306,6 +306,7 @@ def test_wait_for_timeout_error_chain_inside_except(t, run):
 # -- bucketimer specifics (not in the reference) --------------------------------------------
 
 @pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
+@pytest.mark.native
 def test_c_wait_for_matches_asyncio_messages_and_attributes():
     class ReturnsInt:
         def __await__(self):

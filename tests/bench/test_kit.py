@@ -272,6 +272,7 @@ def test_plot_lateness_from_a_timer_thread():
 # ---- the C reference timer and the GIL-free loops (through bench._cbench) ----------
 
 
+@pytest.mark.native
 def test_bench_c_is_in_the_kits_module_only():
     """The public cffi module carries the core's API alone; the kit's module
     carries it too (its cores are made there) and the benchmark C."""
@@ -285,6 +286,7 @@ def test_bench_c_is_in_the_kits_module_only():
         assert hasattr(_cbench.lib, name), name
 
 
+@pytest.mark.native
 def test_reference_heap_fires_what_was_not_cancelled():
     from bucketimer.bench._cbench import ffi, lib
 
@@ -314,6 +316,7 @@ def test_reference_heap_fires_what_was_not_cancelled():
         lib.bt_ref_destroy(rt)
 
 
+@pytest.mark.native
 def test_bench_loops_on_the_bucketed_core():
     from bucketimer.bench._cbench import ffi, lib
     from bucketimer.bench._contenders import BUCKETIMER
@@ -417,6 +420,7 @@ def test_fd_limit_is_raised_for_the_sockets():
 # ---- deadline resets ------------------------------------------------------------------
 
 
+@pytest.mark.native
 def test_reset_rows_see_what_a_reset_leaves():
     """The probes see asyncio's tombstones and its Python objects, so they
     would see bucketimer's if it left any."""

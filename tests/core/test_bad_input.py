@@ -88,7 +88,8 @@ def test_bad_input_raises_and_changes_nothing(tt, call, exc):
         call(tt, Recorder("bad"))
     after = tt.stats()
     assert after["scheduled"] == before["scheduled"] == 2
-    assert after["slots"] - after["slots_free"] == 2
+    if bucketimer.backend == "native":  # the pure backend has no slots
+        assert after["slots"] - after["slots_free"] == 2
     sentinel.wait()
     assert not hs.cancelled()
     assert hk.cancel() is True
@@ -500,6 +501,7 @@ def test_bad_keyword_and_too_few_arguments(mtt):
                      st.booleans(), st.binary(max_size=2), st.tuples(st.integers()),
                      st.lists(st.integers(), max_size=1), st.builds(dict),
                      st.just(asyncio.Runner()), st.just(threading.Thread())))
+@pytest.mark.native
 def test_non_loop_objects_raise_typeerror(mtt, obj):
     sentinels = Sentinels(mtt)
     ports = dict(mtt._ports)
@@ -509,6 +511,7 @@ def test_non_loop_objects_raise_typeerror(mtt, obj):
     sentinels.check()
 
 
+@pytest.mark.native
 def test_closed_loop_raises_runtimeerror(mtt):
     sentinels = Sentinels(mtt)
     loop = asyncio.new_event_loop()

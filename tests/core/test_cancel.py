@@ -192,6 +192,7 @@ def _same_slot_timer(tt, old, cb, delay, max_tries=64):
     raise AssertionError("no new timer reused the old timer's slot")
 
 
+@pytest.mark.native
 def test_stale_handle_of_a_timer_that_ran_cannot_cancel_the_slots_new_timer(tt, wait_until):
     first = Recorder("first")
     old = tt.call_later(0, first)
@@ -208,6 +209,7 @@ def test_stale_handle_of_a_timer_that_ran_cannot_cancel_the_slots_new_timer(tt, 
         h.cancel()
 
 
+@pytest.mark.native
 def test_stale_handle_of_a_cancelled_timer_cannot_cancel_the_slots_new_timer(tt, wait_until):
     never = Recorder("never")
     old = tt.call_later(0.01, never)
@@ -239,6 +241,7 @@ def test_foreign_handle_from_a_closed_timer_thread(tt):
 # -- bad input ------------------------------------------------------------------------
 
 
+@pytest.mark.native
 def test_an_id_from_one_core_cancels_nothing_on_another(cffi_core: Callable[..., Any]) -> None:
     """Through the C API (``bucketimer._cffi``): a core answers BT_UNKNOWN for
     another core's ids and keeps its own timers, both for the first timer a

@@ -19,7 +19,6 @@ import pytest
 from _helpers import Recorder, check_ok, run_python, var, wait_until
 
 import bucketimer
-from bucketimer import _core
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -299,9 +298,10 @@ def test_stats_are_consistent(tt, wait_until):
     assert s["fired"] == s["posted"] == s["ran"] == n - k
     assert s["early_fires"] == 0
     assert sum(s["lateness_hist"]) == s["ran"]
-    assert len(s["lateness_hist"]) == _core.HIST_BUCKETS
+    assert len(s["lateness_hist"]) == 48
     assert s["reaped"] == k
-    assert s["slots_free"] == s["slots"] > 0
+    if bucketimer.backend == "native":  # the pure backend has no slots
+        assert s["slots_free"] == s["slots"] > 0
     assert s["heap_size"] == 0 and s["list_size"] == 0
     assert 1 <= s["eventfd_writes"] <= s["posted"]
     assert s["passes"] >= 1
@@ -585,12 +585,14 @@ def test_keyboardinterrupt_in_a_dispatcher_callback_is_logged_and_dispatch_conti
     assert done.wait(5), ran
     assert ran == ["same batch", "later"]
     assert wait_until(lambda: any(r.exc_info and r.exc_info[0] is exc for r in caplog.records))
-    assert tt._thread.is_alive()
+    if bucketimer.backend == "native":
+        assert tt._thread.is_alive()
 
 
 # -- the timer thread never needs the GIL ---------------------------------------------------
 
 
+@pytest.mark.native
 def test_timers_fire_while_python_holds_the_gil(tt):
     """With a switch interval of 100 s, this thread keeps the GIL while it
     spins for 200 ms: a timer thread that needed the GIL could not fire anything.  The

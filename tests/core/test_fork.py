@@ -181,6 +181,7 @@ print("ok", counts)
 """
 
 
+@pytest.mark.native
 def test_fork_from_a_thread_while_another_schedules():
     out = check_ok(run_python(FORK_FROM_THREAD, timeout=90, env={"PYTHONWARNINGS": "ignore::DeprecationWarning"}))
     assert out.startswith("ok")
@@ -282,6 +283,7 @@ print("ok")
 """
 
 
+@pytest.mark.native
 def test_fork_while_other_threads_hold_the_cores_locks():
     """A fork from one thread while others call ``stats()`` (which holds the
     core's ports mutex with the GIL released), walk a cffi core's ports and

@@ -203,6 +203,7 @@ def test_interpreter_exit_by_systemexit_from_a_loop_callback():
 # -- loops that close ----------------------------------------------------------------------
 
 
+@pytest.mark.native
 def test_loop_closed_with_pending_timers_gets_nothing_and_its_eventfd_is_closed(tt, caplog):
     # Warm up: the first loop port starts the dispatcher (its wake pipe, the
     # orphan port's eventfd); those live as long as the TimerThread.
@@ -253,6 +254,7 @@ def test_loop_closed_with_pending_timers_gets_nothing_and_its_eventfd_is_closed(
 
 
 @pytest.mark.parametrize("which", ["own", "default"])
+@pytest.mark.native
 def test_no_fd_leak_after_1000_loops(which, caplog):
     tt = bucketimer.TimerThread() if which == "own" else bucketimer.default_timer_thread()
     schedule = tt.call_later if which == "own" else bucketimer.call_later
@@ -480,6 +482,7 @@ def test_refused_close_of_a_running_loop_keeps_its_timers():
         tt.close()
 
 
+@pytest.mark.native
 def test_loop_whose_close_misses_the_hook_is_found_and_released():
     """A loop's thread looks up ``loop.close`` while another thread schedules
     the loop's first timer (which installs bucketimer's close hook), then
@@ -511,6 +514,7 @@ def test_loop_whose_close_misses_the_hook_is_found_and_released():
         tt.close()
 
 
+@pytest.mark.native
 def test_first_timer_for_a_loop_from_another_thread_while_it_starts_and_closes():
     """One thread opens, briefly runs and closes loop after loop; another
     schedules each loop's first timers from outside it, with ``loop=``,

@@ -153,6 +153,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 @pytest.mark.skipif(SANITIZED, reason="RSS means nothing under a sanitizer's allocator")
+@pytest.mark.native
 def test_ten_million_live_timers_bytes_per_timer():
     p = run_python(TEN_MILLION, timeout=900)
     out = json.loads(check_ok(p).strip().splitlines()[-1])
@@ -227,6 +228,7 @@ print(json.dumps(report))
 
 
 @pytest.mark.skipif(SANITIZED, reason="ASan reserves its heap up front: RLIMIT_AS cannot make it fail")
+@pytest.mark.native
 def test_failed_allocation_raises_memoryerror_and_the_process_survives():
     # pymalloc without a Py_DEBUG build's allocator hooks, whose padding
     # would keep a Handle out of the ballast's holes.

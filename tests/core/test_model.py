@@ -31,6 +31,9 @@ from reference import CANCELLED, EARLIER, NEVER, TOO_LATE, UNKNOWN, Reference
 
 from bucketimer import _cffi
 
+# The C core through its cffi binding, against the reference model.
+pytestmark = pytest.mark.native
+
 ffi, lib = _cffi.ffi, _cffi.lib
 
 INT64_MAX = (1 << 63) - 1

@@ -102,7 +102,8 @@ def check_counters(s: dict, *, scheduled: int, wins: int, runs: int, ports: int)
     assert s["reaped"] == s["cancelled"] and s["dead"] == 0, s
     assert s["heap_size"] == 0 and s["list_size"] == 0, s
     assert s["slots_free"] == s["slots"], s
-    assert s["ports"] == ports, s
+    if bucketimer.backend == "native":  # the pure backend has no ports
+        assert s["ports"] == ports, s
 
 
 # -- part 1: the GIL-free binding -------------------------------------------------
@@ -358,11 +359,13 @@ def run_mix(mix: Mix) -> dict:
 
 @examples(default=100, slow=2000)
 @given(mix=mixes)
+@pytest.mark.native
 def test_cffi_race_mix(mix):
     run_mix(mix)
 
 
 @pytest.mark.parametrize("threads", [2, 8])
+@pytest.mark.native
 def test_cffi_race_clustered_everyone_cancels_twice(threads):
     """The RPC case at its worst: every timer is "now + 50 us", all threads
     cancel at once and again, while the deadline passes under them."""
@@ -371,6 +374,7 @@ def test_cffi_race_clustered_everyone_cancels_twice(threads):
                 seed=threads))
 
 
+@pytest.mark.native
 def test_cffi_race_cancels_land_while_posted():
     """A slow consumer: timers sit POSTED in the port while the workers cancel
     them; those cancels must win and the consumer must not report them."""
@@ -388,6 +392,7 @@ def test_cffi_race_cancels_land_while_posted():
     assert runs[-1]["fired"] > runs[-1]["ran"], runs
 
 
+@pytest.mark.native
 def test_cffi_race_schedule_from_callback_chains():
     """Most drained ids spawn a child (up to depth 3) while workers keep
     scheduling and cancelling ids of everybody, children included."""

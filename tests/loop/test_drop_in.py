@@ -92,6 +92,7 @@ def test_call_at_fires(loop):
     assert not h.cancelled()
 
 
+@pytest.mark.native
 def test_when(loop):
     before = loop.time()
     h = loop.call_later(10, lambda: None)
@@ -174,6 +175,7 @@ def test_none_delay_raises(loop):
         loop.call_at(None, lambda: None)
 
 
+@pytest.mark.native
 def test_get_context_and_context_kwarg(loop, kind):
     var = contextvars.ContextVar("var", default="default")
     ctx = contextvars.copy_context()
@@ -559,6 +561,7 @@ def test_importing_bucketimer_touches_no_deprecated_name():
     assert proc.stdout.strip() == "EventLoop"
 
 
+@pytest.mark.native
 def test_run_on_the_drop_in_loop():
     async def main(x):
         await asyncio.sleep(0.001)
@@ -628,6 +631,7 @@ def test_runner_loop_factory():
         assert isinstance(r.get_loop(), bt_loop.EventLoop)
 
 
+@pytest.mark.native
 def test_explicit_timer_thread():
     with bucketimer.TimerThread() as tt:
         lp = bt_loop.EventLoop(timer_thread=tt)
@@ -650,6 +654,7 @@ def test_explicit_timer_thread():
 # -- native only ---------------------------------------------------------------------------------
 
 
+@pytest.mark.native
 def test_native_timers_live_in_core(native_loop):
     loop = native_loop
     tt = loop.timer_thread
@@ -672,6 +677,7 @@ def test_native_timers_live_in_core(native_loop):
     assert tt.stats()["scheduled"] - before >= 5
 
 
+@pytest.mark.native
 def test_native_never_early(native_loop):
     loop = native_loop
     lateness = []
@@ -687,6 +693,7 @@ def test_native_never_early(native_loop):
     assert min(lateness) >= -1e-9  # float rounding only
 
 
+@pytest.mark.native
 def test_native_equal_deadlines_in_schedule_order(native_loop):
     loop = native_loop
     got = []
@@ -697,6 +704,7 @@ def test_native_equal_deadlines_in_schedule_order(native_loop):
     assert got == list(range(100))
 
 
+@pytest.mark.native
 def test_native_fast_path_installed(native_loop):
     loop = native_loop
     assert "call_later" in loop.__dict__
@@ -711,6 +719,7 @@ def test_native_fast_path_installed(native_loop):
     assert "call_later" not in loop.__dict__
 
 
+@pytest.mark.native
 def test_native_subclass_overrides_respected(native_loop_kind):
     calls = []
     base = LOOPS[native_loop_kind]

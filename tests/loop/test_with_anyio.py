@@ -170,7 +170,8 @@ def test_anyio_scope_outside_fires_first(native: NativeTimers) -> None:
     assert not t.expired()
     native.assert_native(min_scheduled=2, min_cancelled=1, min_ran=1)
     d = bt_delta()
-    assert d["scheduled"] >= 1 and d["cancelled"] >= 1, d
+    if bucketimer.backend == "native":  # bucketimer.timeout's timer is in the core
+        assert d["scheduled"] >= 1 and d["cancelled"] >= 1, d
 
 
 def test_bucketimer_timeout_inside_fires_first(native: NativeTimers) -> None:
@@ -198,7 +199,8 @@ def test_bucketimer_timeout_inside_fires_first(native: NativeTimers) -> None:
     assert cancelling == 0
     native.assert_native(min_scheduled=2, min_cancelled=2)
     d = bt_delta()
-    assert d["scheduled"] >= 1 and d["ran"] >= 1, d
+    if bucketimer.backend == "native":  # bucketimer.timeout's timer is in the core
+        assert d["scheduled"] >= 1 and d["ran"] >= 1, d
 
 
 def test_bucketimer_timeout_outside_fires_first(native: NativeTimers) -> None:
@@ -223,7 +225,8 @@ def test_bucketimer_timeout_outside_fires_first(native: NativeTimers) -> None:
     assert not scope.cancel_called and not scope.cancelled_caught
     native.assert_native(min_scheduled=2, min_cancelled=2)
     d = bt_delta()
-    assert d["scheduled"] >= 1 and d["ran"] >= 1, d
+    if bucketimer.backend == "native":  # bucketimer.timeout's timer is in the core
+        assert d["scheduled"] >= 1 and d["ran"] >= 1, d
 
 
 def test_anyio_scope_inside_fires_first(native: NativeTimers) -> None:
@@ -248,7 +251,8 @@ def test_anyio_scope_inside_fires_first(native: NativeTimers) -> None:
     assert not t.expired()
     native.assert_native(min_scheduled=2, min_cancelled=1, min_ran=1)
     d = bt_delta()
-    assert d["scheduled"] >= 1 and d["cancelled"] >= 1, d
+    if bucketimer.backend == "native":  # bucketimer.timeout's timer is in the core
+        assert d["scheduled"] >= 1 and d["cancelled"] >= 1, d
 
 
 def test_timeout_wall_clock_matches_the_loop_clock(native: NativeTimers) -> None:

@@ -4,6 +4,12 @@
     bucketimer's own API on the stock asyncio loop: ``TimerThread`` timers
     (or, with no loop, its dispatcher thread), ``bucketimer.timeout()`` and
     ``wait_for()``; for the native rows, the bucketed C core.
+``pure Python``
+    bucketimer's pure-Python backend (``bucketimer.backend == "python"``, what
+    a system with no native wheel runs) on the stock loop: its
+    ``TimerThread`` timers; its ``timeout()``/``wait_for()`` are asyncio's.
+    A column of the ``pairs`` and ``timeout`` groups, so that what the
+    native core gives is seen beside what pip gives elsewhere.
 ``asyncio`` / ``uvloop`` / ``drop-in`` / ``drop-in uvloop``
     That event loop's own ``call_later``/``call_at``/``asyncio.timeout()``;
     ``drop-in`` is :class:`bucketimer.EventLoop`, ``drop-in uvloop`` is
@@ -32,6 +38,7 @@ except ImportError:
     uvloop = None
 
 BUCKETIMER = "bucketimer"
+PURE = "pure Python"
 ASYNCIO = "asyncio"
 UVLOOP = "uvloop"
 DROPIN = "drop-in"
@@ -40,7 +47,7 @@ THREADING_TIMER = "threading.Timer"
 SCHED = "sched"
 REF_HEAP = "1-lock heap"
 # Column order of the table.
-CONTENDERS = (BUCKETIMER, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, THREADING_TIMER, SCHED, REF_HEAP)
+CONTENDERS = (BUCKETIMER, PURE, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, THREADING_TIMER, SCHED, REF_HEAP)
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
@@ -56,13 +63,30 @@ def loop_factories() -> dict[str, LoopFactory]:
     return loops
 
 
+def with_pure(loops: dict[str, LoopFactory], want: set[str]) -> dict[str, LoopFactory]:
+    """``loops`` and, if wanted, the pure backend's column (on the stock
+    loop) right after bucketimer's: the contenders of the groups that show it."""
+    if PURE not in want:
+        return loops
+    out = dict(loops)
+    out[PURE] = asyncio.new_event_loop
+    return {name: out[name] for name in CONTENDERS if name in out}
+
+
+def pure_timer_thread() -> bucketimer.TimerThread:
+    """A TimerThread of the pure-Python backend, whichever backend runs."""
+    from bucketimer._pure._timer_thread import TimerThread
+
+    return TimerThread()  # type: ignore[return-value]
+
+
 def new_loop(name: str, timer_thread: bucketimer.TimerThread | None = None
              ) -> asyncio.AbstractEventLoop:
     """A new event loop of the loop contender ``name`` (``bucketimer`` runs on
     the stock loop); a drop-in loop takes its timers from ``timer_thread``
     (default: the process-wide one).  uvloop's raise ``RuntimeError`` when
     uvloop is not installed."""
-    if name in (BUCKETIMER, ASYNCIO):
+    if name in (BUCKETIMER, PURE, ASYNCIO):
         return asyncio.new_event_loop()
     if name == DROPIN:
         return EventLoop(timer_thread=timer_thread)

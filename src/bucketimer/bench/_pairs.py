@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import bucketimer
 from bucketimer import _core
 
-from ._contenders import BUCKETIMER, DROPIN, DROPIN_UV, new_loop
+from ._contenders import BUCKETIMER, DROPIN, DROPIN_UV, PURE, new_loop, pure_timer_thread, with_pure
 from ._records import count_label, make_record
 from ._suite import taking_turns
 from ._timing import Stopwatch
@@ -100,11 +100,13 @@ class PairsTarget:
 
     def __init__(self, name: str, pending: int) -> None:
         self.tt: bucketimer.TimerThread | None = None
+        self.pure: bucketimer.TimerThread | None = pure_timer_thread() if name == PURE else None
         if name in (BUCKETIMER, DROPIN, DROPIN_UV):
             self.tt = bucketimer.TimerThread()
         self.loop = new_loop(name, self.tt)
         self.call_later: Callable[..., Any] = (
             self.tt.call_later if name == BUCKETIMER and self.tt is not None
+            else self.pure.call_later if self.pure is not None
             else self.loop.call_later)
         self.keep: list[Any] = []
         try:
@@ -135,12 +137,17 @@ class PairsTarget:
         if not self.loop.is_closed():
             self.loop.run_until_complete(settle(self.tt))
             self.loop.close()
-        if self.tt is not None:
-            self.tt.close()
+        for tt in (self.tt, self.pure):
+            if tt is not None:
+                tt.close()
 
 
 def steps(runner: Runner) -> int:
-    return len(runner.suite.pending) * len(runner.loops) * runner.suite.rounds
+    return len(runner.suite.pending) * len(contenders(runner)) * runner.suite.rounds
+
+
+def contenders(runner: Runner) -> list[str]:
+    return list(with_pure(runner.loops, runner.want))
 
 
 def run(runner: Runner) -> None:
@@ -154,7 +161,7 @@ def run(runner: Runner) -> None:
     s = runner.suite
     targets: dict[tuple[str, int], PairsTarget] = {}
     try:
-        for name in runner.loops:
+        for name in contenders(runner):
             for pending in s.pending:
                 targets[(name, pending)] = PairsTarget(name, pending)
         gc.collect()
@@ -170,7 +177,7 @@ def run(runner: Runner) -> None:
         for target in targets.values():
             target.close()
     for pending in s.pending:
-        for name in runner.loops:
+        for name in contenders(runner):
             runner.add(make_record("pairs", f"pairs@{pending}",
                                    f"pairs in a loop, {count_label(pending)} pending", name,
                                    "ns", "lower", samples[(name, pending)], per_round=s.pairs,

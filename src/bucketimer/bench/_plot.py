@@ -21,6 +21,7 @@ PANELS = ("pairs", "timeout", "lateness", "cdf", "noloop", "core", "reset", "ser
 
 COLORS = {
     "bucketimer": "#1f77b4",
+    "pure Python": "#bcbd22",
     "asyncio": "#ff7f0e",
     "uvloop": "#2ca02c",
     "drop-in": "#9467bd",

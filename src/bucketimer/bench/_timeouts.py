@@ -1,7 +1,8 @@
 """The ``timeout`` group: what ``async with timeout(30): pass`` and ``await
 wait_for(coro(), 30)`` of a coroutine that returns at once cost, for
-bucketimer's helpers on the stock loop and asyncio's on every loop
-(docs/performance.rst, "What the rows measure")."""
+bucketimer's helpers on the stock loop and asyncio's on every loop (the
+pure backend's column: asyncio's, which are its helpers; docs/performance.rst,
+"What the rows measure")."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import bucketimer
 
-from ._contenders import BUCKETIMER
+from ._contenders import BUCKETIMER, with_pure
 from ._pairs import PAIR_DELAY
 from ._records import make_record
 from ._suite import taking_turns
@@ -60,7 +61,7 @@ ROWS: tuple[tuple[str, str, Any, Any, Callable[[Any, int], Awaitable[float]]], .
 
 
 def steps(runner: Runner) -> int:
-    return len(ROWS) * len(runner.loops) * runner.suite.rounds
+    return len(ROWS) * len(with_pure(runner.loops, runner.want)) * runner.suite.rounds
 
 
 def run(runner: Runner) -> None:
@@ -68,7 +69,7 @@ def run(runner: Runner) -> None:
     round, so that a machine whose speed drifts during the run (a shared VM)
     moves every column of a round alike and the ratios stay meaningful."""
     s = runner.suite
-    loops = {name: factory() for name, factory in runner.loops.items()}
+    loops = {name: factory() for name, factory in with_pure(runner.loops, runner.want).items()}
     try:
         for workload, label, ours, reference, round_fn in ROWS:
             fns = {name: ours if name == BUCKETIMER else reference for name in loops}

@@ -1,0 +1,295 @@
+"""Scheduler: the heap of pending timers and the thread that fires them.
+
+One thread per scheduler waits on a ``threading.Condition`` for the
+earliest deadline of a ``heapq`` keyed ``(deadline_ns, id)``: ids grow in
+the order timers were scheduled, so equal deadlines fire in that order.
+Each pass pops every due timer (PENDING -> POSTED) under the lock, then,
+with the lock released, hands each outbox its batch in one call.  Cancelled
+timers stay in the heap until they reach its top or a sweep rebuilds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import threading
+import weakref
+from collections.abc import Callable
+from time import monotonic_ns
+from typing import Any
+
+from .._stats import Stats
+from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle
+from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
+
+HIST_BUCKETS = 48
+# A heap with more cancelled entries than this, and more of them than live
+# ones, is rebuilt (the same rule as asyncio's own timer heap).
+_SWEEP_MIN = 64
+
+# ``reaped``: cancelled timers let go of (popped from the heap, swept, or
+# passed over in a batch); at rest it equals ``cancelled``.
+_COUNTERS = ("scheduled", "cancelled", "fired", "posted", "ran", "dropped", "wakeups",
+             "passes", "eventfd_writes", "drains", "sweeps", "reaped", "early_fires")
+
+
+class Scheduler:
+    """The state one :class:`bucketimer.TimerThread` of the pure backend keeps."""
+
+    def __init__(self, buckets: int) -> None:
+        self._buckets = buckets
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._heap: list[tuple[int, int, Handle]] = []
+        self._ids = itertools.count(1)
+        self._dead = 0  # heap entries no longer PENDING (cancelled, or dropped with their loop)
+        self._closed = False
+        self._loops: dict[asyncio.AbstractEventLoop, LoopOutbox] = {}
+        self._dispatcher = DispatcherOutbox(self)
+        self._inflight: dict[int, Batch] = {}  # posted batches not yet started
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._hist = [0] * HIST_BUCKETS
+        self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
+        self._thread.start()
+        _live.add(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- scheduling and cancelling (any thread) ----------------------------------
+
+    def schedule(self, deadline_ns: int, when: float, callback: Callable[..., object],
+                 args: tuple[Any, ...], context: Any,
+                 loop: asyncio.AbstractEventLoop | None) -> Handle:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("TimerThread is closed")
+            outbox = self._dispatcher if loop is None else self._outbox_for(loop)
+            handle = Handle(self, next(self._ids), when, deadline_ns, callback, args, context,
+                            outbox)
+            heapq.heappush(self._heap, (deadline_ns, handle._id, handle))
+            self._counts["scheduled"] += 1
+            if self._heap[0][2] is handle:
+                self._wake.notify()
+        return handle
+
+    def _outbox_for(self, loop: asyncio.AbstractEventLoop) -> Outbox:
+        outbox = self._loops.get(loop)
+        if outbox is None:
+            outbox = self._loops[loop] = LoopOutbox(self, loop)
+            _watch_close(loop, weakref.ref(self))
+        return outbox
+
+    def cancel(self, handle: Handle) -> bool:
+        with self._lock:
+            state = handle._state
+            if state not in (PENDING, POSTED):
+                return False
+            handle._state = CANCELLED
+            self._counts["cancelled"] += 1
+            if state == PENDING:
+                self._dead += 1
+                self._sweep_if_mostly_dead()
+        handle._release()
+        return True
+
+    def _sweep_if_mostly_dead(self) -> None:
+        if self._dead > _SWEEP_MIN and self._dead * 2 > len(self._heap):
+            for entry in self._heap:
+                if entry[2]._state != PENDING:
+                    self._discard(entry[2])
+            self._heap = [entry for entry in self._heap if entry[2]._state == PENDING]
+            heapq.heapify(self._heap)
+            self._counts["sweeps"] += 1
+
+    def _discard(self, handle: Handle) -> None:
+        """A heap entry that is no longer PENDING left the heap."""
+        self._dead -= 1
+        if handle._state == CANCELLED:
+            self._counts["reaped"] += 1
+
+    # -- the timer thread ------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                batches = self._wait_for_due()
+            if batches is None:
+                return
+            for outbox, batch in batches.items():
+                if not outbox.submit(batch):
+                    self.drop(batch)
+
+    def _wait_for_due(self) -> dict[Outbox, Batch] | None:
+        """Sleeps until a timer is due (lock held); None once closed."""
+        while not self._closed:
+            heap = self._heap
+            while heap and heap[0][2]._state != PENDING:
+                self._discard(heapq.heappop(heap)[2])
+            now = monotonic_ns()
+            if heap and heap[0][0] <= now:
+                return self._take_due(now)
+            timeout = None if not heap else min((heap[0][0] - now) / 1e9, threading.TIMEOUT_MAX)
+            self._wake.wait(timeout)
+            self._counts["wakeups"] += 1
+        return None
+
+    def _take_due(self, now: int) -> dict[Outbox, Batch]:
+        """Pops every timer due at ``now`` into one batch per outbox."""
+        self._counts["passes"] += 1
+        batches: dict[Outbox, Batch] = {}
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            handle = heapq.heappop(heap)[2]
+            if handle._state != PENDING:
+                self._discard(handle)
+                continue
+            handle._state = POSTED
+            batches.setdefault(handle._outbox, []).append(handle)
+        for batch in batches.values():
+            self._inflight[id(batch)] = batch
+            self._counts["fired"] += len(batch)
+            self._counts["posted"] += len(batch)
+        self._counts["eventfd_writes"] += len(batches)
+        return batches
+
+    # -- the consumers (a loop's thread, the dispatcher) ----------------------------
+
+    def batch_started(self, batch: Batch) -> None:
+        with self._lock:
+            self._inflight.pop(id(batch), None)
+            self._counts["drains"] += 1
+
+    def claim(self, handle: Handle) -> bool:
+        """POSTED -> RUNNING right before the call; False if it was cancelled
+        meanwhile or its TimerThread closed (then it is dropped)."""
+        with self._lock:
+            if handle._state != POSTED:
+                if handle._state == CANCELLED:
+                    self._counts["reaped"] += 1
+                return False
+            if self._closed:
+                self._drop_one(handle)
+                return False
+            handle._state = RUNNING
+            self._counts["ran"] += 1
+            lateness = monotonic_ns() - handle._deadline_ns
+            if lateness < 0:
+                self._counts["early_fires"] += 1
+            self._hist[min(max(lateness, 0).bit_length(), HIST_BUCKETS - 1)] += 1
+        return True
+
+    def drop(self, batch: Batch) -> None:
+        """Timers nobody will run (their loop closed): released unrun."""
+        with self._lock:
+            self._inflight.pop(id(batch), None)
+            for handle in batch:
+                if handle._state == POSTED:
+                    self._drop_one(handle)
+                elif handle._state == CANCELLED:
+                    self._counts["reaped"] += 1
+        for handle in batch:
+            if handle._state == DROPPED:
+                handle._release()
+
+    def _drop_one(self, handle: Handle) -> None:
+        handle._state = DROPPED
+        self._counts["dropped"] += 1
+
+    def loop_closed(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A loop is closing: every timer of it not yet running is dropped,
+        those it was handed and has not started (its ready queue is about to
+        be thrown away) and those still pending (they stay in the heap, dead,
+        until they reach its top or a sweep)."""
+        with self._lock:
+            outbox = self._loops.pop(loop, None)
+            if outbox is None:
+                return
+            batches = [b for b in self._inflight.values() if b and b[0]._outbox is outbox]
+            pending = [e[2] for e in self._heap if e[2]._outbox is outbox and e[2]._state == PENDING]
+            for handle in pending:
+                self._drop_one(handle)
+            self._dead += len(pending)
+        for handle in pending:
+            handle._release()
+        for batch in batches:
+            self.drop(batch)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self, join_timeout: float) -> None:
+        """Drops every timer not yet running and stops the threads."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            dropped = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
+            dropped += [h for b in self._inflight.values() for h in b if h._state == POSTED]
+            for handle in dropped:
+                self._drop_one(handle)
+            for entry in self._heap:
+                if entry[2]._state != PENDING:
+                    self._discard(entry[2])
+            self._heap.clear()
+            self._inflight.clear()
+            self._loops.clear()
+            self._wake.notify_all()
+        for handle in dropped:
+            handle._release()
+        if self._thread is not threading.current_thread():
+            self._thread.join(join_timeout)
+        self._dispatcher.stop(join_timeout)
+
+    def forget_after_fork(self) -> None:
+        """In a child of fork(): the threads are gone and the lock may be
+        held by one of them; refuse all work from now on."""
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        for entry in self._heap:
+            entry[2]._state = DROPPED
+        self._heap.clear()
+        self._inflight.clear()
+        self._loops.clear()
+        self._closed = True
+
+    def stats(self) -> Stats:
+        with self._lock:
+            counts = dict(self._counts)
+            hist = list(self._hist)
+            heap_size = len(self._heap)
+            dead = self._dead
+            # where timers are delivered: the loops served, and the dispatcher
+            ports = len(self._loops) + self._dispatcher.started
+        return Stats(
+            scheduled=counts["scheduled"], cancelled=counts["cancelled"], postponed=0,
+            fired=counts["fired"], posted=counts["posted"], ran=counts["ran"],
+            dropped=counts["dropped"], wakeups=counts["wakeups"], passes=counts["passes"],
+            eventfd_writes=counts["eventfd_writes"], drains=counts["drains"],
+            sweeps=counts["sweeps"], reaped=counts["reaped"], heap_size=heap_size, list_size=0, dead=dead,
+            slots=0, slots_free=0, slots_retired=0, ports=ports, buckets=self._buckets,
+            early_fires=counts["early_fires"], lateness_hist=hist,
+        )
+
+
+def _watch_close(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Scheduler]) -> None:
+    """Wraps ``loop.close`` so that the loop's queued timers are dropped
+    before its ready queue goes (a loop class without an instance dict
+    keeps its close: its timers are dropped when it refuses them)."""
+    orig_close = loop.close
+
+    def close() -> None:
+        sched = ref()
+        if sched is not None and not loop.is_running():
+            sched.loop_closed(loop)
+        orig_close()
+
+    try:
+        loop.close = close  # type: ignore[method-assign]
+    except (AttributeError, TypeError):
+        pass
+
+
+# Every scheduler alive: closed at exit and forgotten in a child of fork().
+_live: weakref.WeakSet[Scheduler] = weakref.WeakSet()

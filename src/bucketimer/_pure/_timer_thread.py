@@ -1,0 +1,118 @@
+"""TimerThread of the pure backend: the public face of a :class:`Scheduler`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVarTuple, Unpack
+
+from .._stats import Stats
+from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
+from ._handle import Handle
+from ._scheduler import Scheduler
+
+_Ts = TypeVarTuple("_Ts")
+
+# The native core's limits, kept so that code written for one backend is
+# accepted by the other (the pure one has no buckets to size).
+DEFAULT_BUCKETS = 13
+MAX_BUCKETS = 256
+DEFAULT_DRAIN_THRESHOLD = 4096
+MIN_DRAIN_THRESHOLD = 16
+
+
+class TimerThread:
+    """One timer thread and the timers it keeps.
+
+    ``TimerThread(buckets=13, *, drain_threshold=4096)`` starts the thread
+    (both arguments are checked as the native backend checks them, and
+    otherwise unused).  Schedule from any thread with :meth:`call_later` /
+    :meth:`call_at`; a timer scheduled inside a running event loop (or with
+    ``loop=``) runs in that loop's thread, any other on this TimerThread's
+    dispatcher thread.  :meth:`close` stops the thread; pending timers are
+    dropped, never called.
+    """
+
+    def __init__(self, buckets: int = DEFAULT_BUCKETS, *,
+                 drain_threshold: int = DEFAULT_DRAIN_THRESHOLD) -> None:
+        buckets, drain_threshold = _check_int(buckets), _check_int(drain_threshold)
+        if not 1 <= buckets <= MAX_BUCKETS:
+            raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}")
+        if drain_threshold < MIN_DRAIN_THRESHOLD:
+            raise ValueError(f"drain_threshold must be at least {MIN_DRAIN_THRESHOLD}")
+        self._sched = Scheduler(buckets)
+
+    @property
+    def closed(self) -> bool:
+        return self._sched.closed
+
+    def call_later(self, delay: float, callback: Callable[[Unpack[_Ts]], object], /,
+                   *args: *_Ts, loop: asyncio.AbstractEventLoop | None = None,
+                   context: contextvars.Context | None = None) -> Handle:
+        """Run ``callback(*args)`` ``delay`` seconds from now."""
+        self._check_open()
+        seconds = to_seconds(delay, "delay")
+        when = math.inf if seconds > SECONDS_RANGE else time.monotonic_ns() / 1e9 + seconds
+        return self._schedule(when, callback, args, loop, context)
+
+    def call_at(self, when: float, callback: Callable[[Unpack[_Ts]], object], /,
+                *args: *_Ts, loop: asyncio.AbstractEventLoop | None = None,
+                context: contextvars.Context | None = None) -> Handle:
+        """Run ``callback(*args)`` at ``when`` on the ``time.monotonic()`` clock."""
+        self._check_open()
+        return self._schedule(to_seconds(when, "when"), callback, args, loop, context)
+
+    def _schedule(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
+                  loop: asyncio.AbstractEventLoop | None, context: Any) -> Handle:
+        context = check_callback(callback, context)
+        loop = asyncio.events._get_running_loop() if loop is None else check_loop(loop)
+        if context is None:  # the caller's, as asyncio's call_later takes it
+            context = contextvars.copy_context()
+        return self._sched.schedule(deadline_ns(when), when, callback, args, context, loop)
+
+    def _check_open(self) -> None:
+        """A closed TimerThread refuses before it looks at the arguments."""
+        if self._sched.closed:
+            raise RuntimeError("TimerThread is closed")
+
+    def stats(self) -> Stats:
+        """Counters (``bucketimer.Stats``); those of the native core's
+        structures that the pure backend does not have are 0."""
+        return self._sched.stats()
+
+    def time(self) -> float:
+        """``time.monotonic()``: the clock of ``call_at`` and ``Handle.when()``."""
+        return time.monotonic()
+
+    def close(self) -> None:
+        """Stop and join the timer thread; drop pending timers without calling them.
+
+        After ``close()`` returns no callback of this TimerThread starts, and
+        scheduling raises ``RuntimeError``.  A callback already running
+        finishes.  Idempotent.
+        """
+        self._sched.close(join_timeout=1.0)
+
+    def __enter__(self) -> TimerThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        sched = getattr(self, "_sched", None)
+        if sched is not None:
+            sched.close(join_timeout=0.0)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "running"
+        return f"<bucketimer.TimerThread {state} (pure Python)>"
+
+
+def _check_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"an integer is required, not {type(value).__name__}")
+    return value
