@@ -40,11 +40,16 @@ int64_t bt_deadline_at(double when) {
     return (int64_t)ceil(when * 1e9);
 }
 
+/* now + delay saturated to the int64 range whatever the signs (a manual
+ * clock may stand anywhere in it): each bound is tested on the side where
+ * the subtraction cannot overflow. */
 int64_t bt_deadline_after(int64_t now, double delay) {
     if (delay > BT_SECONDS_RANGE) return BT_NEVER;
     if (delay < -BT_SECONDS_RANGE) delay = -BT_SECONDS_RANGE;
-    int64_t d = (int64_t)ceil(delay * 1e9);
-    return d > 0 && d > INT64_MAX - now ? BT_NEVER : now + d; /* saturated */
+    int64_t d = (int64_t)ceil(delay * 1e9); /* |d| <= 9.2e18 < 2^63 */
+    if (d > 0 && now > INT64_MAX - d) return BT_NEVER;
+    if (d < 0 && now < INT64_MIN - d) return INT64_MIN;
+    return now + d;
 }
 
 /* The core whose pass this thread is running (its timer thread, or a

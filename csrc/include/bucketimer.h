@@ -144,8 +144,9 @@ int64_t bt_time_ns(bt_timer_thread *tt);
  * past the int64 range is never (INT64_MAX); -inf and anything below the
  * range, as soon as possible.  NaN is the caller's to refuse. */
 int64_t bt_deadline_at(double when_s);
-/* now_ns + delay_s (call_later's), in ns, rounded up and saturated as
- * bt_deadline_at. */
+/* now_ns + delay_s (call_later's), in ns, rounded up and saturated to the
+ * int64 range for every now_ns, negative ones included (a manual clock may
+ * start anywhere): INT64_MAX is never, INT64_MIN as soon as possible. */
 int64_t bt_deadline_after(int64_t now_ns, double delay_s);
 
 /* ---- lifecycle ---------------------------------------------------------- */
