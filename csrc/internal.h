@@ -74,6 +74,14 @@ struct bt_timer {
 
 _Static_assert(sizeof(struct bt_timer) == 64, "a slot is one cache line");
 
+/* A PENDING timer's current deadline, given its word w: the target of a
+ * postpone the pass has not applied yet, else its key.  Under its home
+ * bucket's mutex, which guards both (bucket.c, "postpone"). */
+static inline int64_t bt__current_deadline(struct bt_timer *t, uint64_t w) {
+    return atomic_load_explicit((w & BT_F_MOVED) ? &t->moved_to : &t->deadline,
+                                memory_order_relaxed);
+}
+
 /* A native function in a void * (POSIX lets function pointers round-trip
  * through one; a union says so without a cast ISO C frowns on). */
 union bt__fn_ptr {

@@ -194,8 +194,9 @@ int bt_cancel(bt_timer_thread *tt, uint64_t id);
  * wants).  BT_POSTPONED: it runs at deadline_ns, never before; BT_TOO_LATE:
  * it is already posted or running, or was cancelled; BT_UNKNOWN: a stale
  * id (the timer ran and its slot moved on), a foreign or an invalid one;
- * BT_EARLIER: deadline_ns is before the timer's current deadline (cancel
- * and schedule instead).  Among equal deadlines a postponed timer keeps its
+ * BT_EARLIER: deadline_ns is before the timer's current deadline, the one
+ * the last postpone that won set, whether or not the timer thread has moved
+ * it yet (cancel and schedule instead).  Among equal deadlines a postponed timer keeps its
  * first schedule's place.  When several threads postpone one timer, the
  * last to win sets its deadline. */
 int bt_postpone(bt_timer_thread *tt, uint64_t id, int64_t deadline_ns);
