@@ -170,14 +170,18 @@ int32_t bt_is_stopped(bt_timer_thread *tt) {
 }
 
 /* ---- stop, drop, destroy (rule 11) ----------------------------------------
- * bt_stop sets the flag, fences the buckets and joins the thread, one caller
- * at a time under stop_mutex: every caller returns only once the thread is
- * joined.  A native callback runs on the thread itself, which cannot join
- * itself: bt_stop from there sets the flag, fences the buckets and returns;
- * the pass stops after that callback, the thread leaves its loop, and the
- * next bt_stop from any other thread (bt_destroy's included) joins it.
- * bt_destroy from a native callback cannot free what the pass still uses:
- * it stops the core and leaves the freeing to the thread (or to bt_advance)
+ * bt_stop sets the flag, fences the buckets and joins the thread (manual
+ * clock: waits out an advance in progress), one caller at a time under
+ * stop_mutex: every caller returns only once the thread is joined.  A
+ * caller inside a pass of the core -- a native callback of it, or of
+ * another core whose pass runs inside one of its callbacks: the thread
+ * keeps a stack of them (internal.h) -- runs on the thread itself, or holds
+ * the advance lock further down its own stack, and cannot wait for either:
+ * bt_stop from there sets the flag, fences the buckets and returns; the
+ * pass stops after that callback, the thread leaves its loop, and the next
+ * bt_stop from any other thread (bt_destroy's included) joins it.
+ * bt_destroy from inside a pass cannot free what the pass still uses: it
+ * stops the core and leaves the freeing to the thread (or to bt_advance)
  * once the callback has returned. */
 
 /* A schedule in flight either saw the stop flag or has published its timer
@@ -189,6 +193,13 @@ static void fence_buckets(bt_timer_thread *tt) {
     }
 }
 
+/* Manual clock, the core stopped: an advance in progress has returned once
+ * we get its lock, and none starts a pass after (timer_thread.c). */
+static void wait_out_advance(bt_timer_thread *tt) {
+    pthread_mutex_lock(&tt->advance_mutex);
+    pthread_mutex_unlock(&tt->advance_mutex);
+}
+
 int bt_stop(bt_timer_thread *tt) {
     if (!tt) return -EINVAL;
     if (bt__forked(tt)) return 0;
@@ -196,7 +207,7 @@ int bt_stop(bt_timer_thread *tt) {
     atomic_store(&tt->stop, 1);
     atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
     pthread_mutex_unlock(&tt->wake_mutex);
-    if (bt__pass_owner == tt) { /* a native callback of this core */
+    if (bt__in_pass_of(tt)) { /* a callback, at any depth, of this core's pass */
         fence_buckets(tt);
         return 0;
     }
@@ -206,6 +217,8 @@ int bt_stop(bt_timer_thread *tt) {
         bt__futex_wake(&tt->nsignals);
         pthread_join(tt->thread, NULL);
         tt->started = 0;
+    } else if (tt->opt.manual_clock) {
+        wait_out_advance(tt);
     }
     pthread_mutex_unlock(&tt->stop_mutex);
     return 0;
@@ -273,7 +286,7 @@ void bt_destroy(bt_timer_thread *tt) {
     if (!tt) return;
     if (bt__forked(tt)) return; /* its locks may be held by threads that are gone */
     bt_stop(tt);
-    if (bt__pass_owner == tt) { /* a native callback: the pass still uses tt */
+    if (bt__in_pass_of(tt)) { /* a callback: the pass still uses tt */
         tt->destroy_later = 1;
         return;
     }

@@ -156,13 +156,16 @@ void bt_options_init(bt_options *opt);
 int bt_create(const bt_options *opt, bt_timer_thread **out);
 /* Stops and joins the thread; pending timers are dropped, never run.  Later
  * schedules fail with -ESHUTDOWN.  Idempotent, and safe from several threads
- * at once: every caller returns only after the thread is joined.  Ports keep
- * working for what was already posted.
- * From a native callback of this core (on its timer thread, or inside
- * bt_advance) it cannot join: it marks the core stopped and returns 0 at
- * once.  No timer runs after that callback returns (the rest of its pass is
- * skipped; bt_drop_all finds what was due), and the thread, which exits, is
- * joined by the next bt_stop from another thread or by bt_destroy. */
+ * at once: every caller returns only after the thread is joined (manual
+ * clock: after a bt_advance in progress has returned; no bt_advance runs a
+ * pass after it).  Ports keep working for what was already posted.
+ * Inside a pass of this core -- in one of its native callbacks (on its timer
+ * thread, or inside its bt_advance), or in a callback of another core whose
+ * bt_advance such a callback called, at any depth -- it cannot join: it
+ * marks the core stopped and returns 0 at once.  No timer runs after that
+ * callback returns (the rest of its pass is skipped; bt_drop_all finds what
+ * was due), and the thread, which exits, is joined by the next bt_stop from
+ * another thread or by bt_destroy. */
 int bt_stop(bt_timer_thread *tt);
 /* After bt_stop: every timer still PENDING or POSTED becomes CANCELLED and
  * on_drop(ctx, port, payload) is called for it (port is NULL and payload the
@@ -173,9 +176,10 @@ typedef void (*bt_drop_fn)(void *ctx, bt_port *port, void *payload);
 int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx);
 /* Stops the core (as bt_stop) and frees everything.  The caller guarantees
  * nobody uses tt or its ports any more, and has consumed or abandoned
- * whatever its ports hold.  From a native callback of this core it stops the
- * core and returns; the timer thread (or bt_advance) frees the core once the
- * callback has returned, and nobody may touch tt after the call. */
+ * whatever its ports hold.  Inside a pass of this core (as bt_stop says) it
+ * stops the core and returns; the timer thread (or the bt_advance further
+ * down the stack) frees the core once the callback has returned, and nobody
+ * may touch tt after the call. */
 void bt_destroy(bt_timer_thread *tt);
 /* Nonzero once bt_stop was called, or if tt was created before a fork()
  * in an ancestor process (its thread does not exist here). */
@@ -202,10 +206,15 @@ int bt_cancel(bt_timer_thread *tt, uint64_t id);
 int bt_postpone(bt_timer_thread *tt, uint64_t id, int64_t deadline_ns);
 /* Manual-clock mode only: sets the clock to now_ns (never backwards) and fires
  * everything due, in (deadline, schedule order).  Returns how many fired, or a
- * negative errno (-EINVAL if tt has a real thread). */
+ * negative errno: -EINVAL if tt has a real thread, -ESHUTDOWN once stopped
+ * (also when a bt_stop came while it waited for another bt_advance), and
+ * -EDEADLK inside a pass of this core (from one of its callbacks, at any
+ * depth): a pass cannot run inside itself; that pass goes on. */
 int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns);
 /* Deadline of the earliest live timer known to the core, or INT64_MAX.  In
- * manual-clock mode exact; with a thread, a hint. */
+ * manual-clock mode exact, from one of its own callbacks too (it then
+ * answers without a lock and without collecting, so what the callback
+ * scheduled still fires at the next bt_advance); with a thread, a hint. */
 int64_t bt_next_deadline(bt_timer_thread *tt);
 
 void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
