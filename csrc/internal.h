@@ -270,6 +270,19 @@ void bt__heap_free(struct bt__heap *h);
 #endif
 
 /* lifecycle.c */
+/* Failure injection for the C tests (CMakeLists.txt builds their own copy
+ * of the core with BT_FAULT_INJECTION; the library Python loads has none):
+ * a test stores an errno in bt__faults[point], and the next call that
+ * reaches that point fails with it, once. */
+enum bt__fault_point { BT_FAULT_POOL_INIT, BT_FAULT_JOIN, BT_FAULT_POINTS };
+#ifdef BT_FAULT_INJECTION
+extern _Atomic int bt__faults[BT_FAULT_POINTS];
+static inline int bt__fault(enum bt__fault_point point) {
+    return atomic_exchange(&bt__faults[point], 0);
+}
+#else
+#define bt__fault(point) 0
+#endif
 extern _Atomic uint64_t bt__fork_generation; /* bumped in every fork() child */
 /* Nonzero for a core inherited through fork(): its thread is gone, its
  * locks may be held by threads that are gone, and its ports' eventfds are

@@ -165,7 +165,9 @@ int bt_create(const bt_options *opt, bt_timer_thread **out);
  * marks the core stopped and returns 0 at once.  No timer runs after that
  * callback returns (the rest of its pass is skipped; bt_drop_all finds what
  * was due), and the thread, which exits, is joined by the next bt_stop from
- * another thread or by bt_destroy. */
+ * another thread or by bt_destroy.
+ * Returns 0, or the error of a join that failed (negative errno): the thread
+ * is then still counted as running, and a later bt_stop tries again. */
 int bt_stop(bt_timer_thread *tt);
 /* After bt_stop: every timer still PENDING or POSTED becomes CANCELLED and
  * on_drop(ctx, port, payload) is called for it (port is NULL and payload the
@@ -177,10 +179,12 @@ int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx);
 /* Stops the core (as bt_stop) and frees everything.  The caller guarantees
  * nobody uses tt or its ports any more, and has consumed or abandoned
  * whatever its ports hold.  Inside a pass of this core (as bt_stop says) it
- * stops the core and returns; the timer thread (or the bt_advance further
+ * stops the core and returns 0; the timer thread (or the bt_advance further
  * down the stack) frees the core once the callback has returned, and nobody
- * may touch tt after the call. */
-void bt_destroy(bt_timer_thread *tt);
+ * may touch tt after the call.  Returns 0 (freed, or to be freed so), or
+ * bt_stop's error: a core whose thread could not be joined is not freed
+ * (call again). -EINVAL for NULL. */
+int bt_destroy(bt_timer_thread *tt);
 /* Nonzero once bt_stop was called, or if tt was created before a fork()
  * in an ancestor process (its thread does not exist here). */
 int32_t bt_is_stopped(bt_timer_thread *tt);

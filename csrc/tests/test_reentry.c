@@ -409,6 +409,78 @@ static void test_deadline_after_saturates_for_every_now(void) {
     CHECK(wrong == 0);
 }
 
+/* ---- errors on the way in and out (failure injection: internal.h) -------- */
+
+static int thread_count(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "Threads: %d", &n) == 1) break;
+    if (f) fclose(f);
+    return n;
+}
+
+/* bt_create whose slot pool fails to initialise answers that error and
+ * leaves nothing made: no core, no thread, no id tag kept (after twice as
+ * many failures as there are tags, 63 live cores still each have their
+ * own), no memory (ASan's leak check).  (An earlier core ignored the
+ * error and handed out a core with an unusable pool.) */
+static void test_create_whose_pool_init_fails_leaves_nothing(void) {
+    watchdog(__func__);
+    int threads = thread_count(), refused = 0, made = 0;
+    for (uint32_t i = 0; i < 2 * BT_TAGS; i++) {
+        bt_options o;
+        bt_options_init(&o);
+        o.manual_clock = (int32_t)(i & 1);
+        bt_timer_thread *tt = NULL;
+        atomic_store(&bt__faults[BT_FAULT_POOL_INIT], EAGAIN);
+        int rc = bt_create(&o, &tt);
+        if (rc == -EAGAIN && tt == NULL) refused++;
+        if (rc == 0 && tt) {
+            made++;
+            bt_destroy(tt);
+        }
+    }
+    int threads_after = thread_count();
+    static bt_timer_thread *cores[BT_TAGS];
+    int own_tag = 0;
+    for (uint32_t i = 0; i < BT_TAGS; i++) {
+        cores[i] = manual_core(0);
+        own_tag += cores[i] && cores[i]->tag_owned;
+    }
+    for (uint32_t i = 0; i < BT_TAGS; i++) bt_destroy(cores[i]);
+    printf("  %u creates whose pool failed: %d answered -EAGAIN, %d made a core anyway; "
+           "then %d of %u live cores had a tag of their own\n",
+           2 * BT_TAGS, refused, made, own_tag, BT_TAGS);
+    CHECK(refused == 2 * BT_TAGS);
+    CHECK(made == 0);
+    CHECK(threads_after == threads);
+    CHECK(own_tag == BT_TAGS);
+}
+
+/* A join that fails leaves the thread counted as running: bt_stop (here
+ * inside bt_destroy) reports the error, bt_destroy refuses to free the
+ * core, and the next bt_stop joins it. */
+static void test_failed_join_is_reported_and_destroy_refuses(void) {
+    watchdog(__func__);
+    bt_timer_thread *tt;
+    CHECK(bt_create(NULL, &tt) == 0);
+    atomic_store(&bt__faults[BT_FAULT_JOIN], EINVAL);
+    int destroy_rc = bt_destroy(tt);
+    CHECK(destroy_rc == -EINVAL);
+    CHECK(tt->started == 1); /* not marked joined */
+    CHECK(bt_is_stopped(tt));
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, 0, count, NULL, &id) == -ESHUTDOWN); /* still there */
+    int stop_rc = bt_stop(tt);
+    CHECK(stop_rc == 0);
+    CHECK(tt->started == 0);
+    printf("  a join that failed: bt_destroy answered %d and kept the core; the next "
+           "bt_stop answered %d\n", destroy_rc, stop_rc);
+    CHECK(bt_destroy(tt) == 0);
+}
+
 int main(int argc, char **argv) {
     /* Line by line: a crash (what an earlier core did here) keeps what was
      * printed before it. */
@@ -427,6 +499,10 @@ int main(int argc, char **argv) {
         {"next_deadline_from_its_own_callback_answers_without_the_lock",
          test_next_deadline_from_its_own_callback_answers_without_the_lock},
         {"deadline_after_saturates_for_every_now", test_deadline_after_saturates_for_every_now},
+        {"create_whose_pool_init_fails_leaves_nothing",
+         test_create_whose_pool_init_fails_leaves_nothing},
+        {"failed_join_is_reported_and_destroy_refuses",
+         test_failed_join_is_reported_and_destroy_refuses},
     };
     /* Arguments: run only the tests named. */
     struct test tests[sizeof(all) / sizeof(all[0])];
