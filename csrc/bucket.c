@@ -240,7 +240,9 @@ int bt_postpone(bt_timer_thread *tt, uint64_t id, int64_t deadline_ns) {
             rc = BT_UNKNOWN;
         } else if (BT_WORD_STATE(w) != BT_S_PENDING) {
             rc = BT_TOO_LATE;
-        } else if (deadline_ns < BT_LOAD(t->deadline)) {
+        } else if (deadline_ns < bt__current_deadline(t, w)) {
+            /* The last postpone's target even before the pass applies
+             * it: the answer never depends on the timer thread's timing. */
             rc = BT_EARLIER;
         } else {
             BT_STORE(t->moved_to, deadline_ns);

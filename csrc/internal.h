@@ -74,6 +74,14 @@ struct bt_timer {
 
 _Static_assert(sizeof(struct bt_timer) == 64, "a slot is one cache line");
 
+/* A PENDING timer's current deadline, given its word w: the target of a
+ * postpone the pass has not applied yet, else its key.  Under its home
+ * bucket's mutex, which guards both (bucket.c, "postpone"). */
+static inline int64_t bt__current_deadline(struct bt_timer *t, uint64_t w) {
+    return atomic_load_explicit((w & BT_F_MOVED) ? &t->moved_to : &t->deadline,
+                                memory_order_relaxed);
+}
+
 /* A native function in a void * (POSIX lets function pointers round-trip
  * through one; a union says so without a cast ISO C frowns on). */
 union bt__fn_ptr {
@@ -181,7 +189,7 @@ struct bt_timer_thread {
     /* bt_stop's join, one caller at a time (lifecycle.c, "stop, drop, destroy") */
     pthread_mutex_t stop_mutex;
     int started;         /* a thread exists and was not joined; stop_mutex */
-    int destroy_later;   /* bt_destroy came from a native callback */
+    int destroy_later;   /* bt_destroy came from inside a pass of this core */
     pthread_t thread;
     uint64_t fork_generation;
 
@@ -269,6 +277,19 @@ void bt__heap_free(struct bt__heap *h);
 #endif
 
 /* lifecycle.c */
+/* Failure injection for the C tests (CMakeLists.txt builds their own copy
+ * of the core with BT_FAULT_INJECTION; the library Python loads has none):
+ * a test stores an errno in bt__faults[point], and the next call that
+ * reaches that point fails with it, once. */
+enum bt__fault_point { BT_FAULT_POOL_INIT, BT_FAULT_JOIN, BT_FAULT_POINTS };
+#ifdef BT_FAULT_INJECTION
+extern _Atomic int bt__faults[BT_FAULT_POINTS];
+static inline int bt__fault(enum bt__fault_point point) {
+    return atomic_exchange(&bt__faults[point], 0);
+}
+#else
+#define bt__fault(point) 0
+#endif
 extern _Atomic uint64_t bt__fork_generation; /* bumped in every fork() child */
 /* Nonzero for a core inherited through fork(): its thread is gone, its
  * locks may be held by threads that are gone, and its ports' eventfds are
@@ -304,6 +325,10 @@ uint64_t bt__one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t d
  * found there, until the top is a live timer at its true deadline (or the
  * heap is empty: NULL). */
 const struct bt__heap_entry *bt__settle_top(bt_timer_thread *tt);
+/* The earliest deadline of a live timer in the bucket lists, read in place
+ * under each bucket's lock (a pending postpone counts at its target), or
+ * BT_NEVER. */
+int64_t bt__lists_next_live(bt_timer_thread *tt);
 /* Asks for a collect pass (a full list, or enough cancels), from any thread. */
 void bt__request_collect(bt_timer_thread *tt);
 /* A cancelled slot, to its bucket at the end of the pass (ctx: the core). */
@@ -312,8 +337,22 @@ uint64_t bt__flush_reaped(bt_timer_thread *tt);
 
 /* timer_thread.c */
 void *bt__timer_thread_main(void *arg);
-/* The core whose pass this thread runs, if any (a native callback's core). */
-extern _Thread_local bt_timer_thread *bt__pass_owner BT_TLS_IE;
+/* The passes this thread is inside, innermost first: its timer thread's
+ * loop, and each bt_advance on the stack (a native callback of one core may
+ * advance another, whose callback may call any core).  A frame lives on
+ * the stack of the function that pushed it. */
+struct bt__pass_frame {
+    bt_timer_thread *tt;
+    struct bt__pass_frame *outer;
+};
+extern _Thread_local struct bt__pass_frame *bt__passes BT_TLS_IE;
+/* Whether this thread is inside a pass of tt, at any depth: then it must
+ * not join tt's thread, wait for tt's advance, or free tt (lifecycle.c). */
+static inline int bt__in_pass_of(const bt_timer_thread *tt) {
+    for (const struct bt__pass_frame *f = bt__passes; f; f = f->outer)
+        if (f->tt == tt) return 1;
+    return 0;
+}
 
 /* port.c */
 /* Pushes head..tail (newest first) onto the port and signals it; returns 0

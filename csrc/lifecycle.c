@@ -25,6 +25,9 @@
  * them at the fork). */
 
 _Atomic uint64_t bt__fork_generation;
+#ifdef BT_FAULT_INJECTION
+_Atomic int bt__faults[BT_FAULT_POINTS];
+#endif
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static void on_fork_child(void) { atomic_fetch_add(&bt__fork_generation, 1); }
@@ -97,7 +100,8 @@ static int normalized(const bt_options *opt_in, bt_options *opt) {
 
 /* The core's memory, zeroed: the struct (half a megabyte, the slot
  * directory, mmapped like the slot blocks; pool.c says why not malloc),
- * its buckets and reap chains.  NULL if out of memory. */
+ * its buckets and reap chains.  NULL if out of memory.  release() gives it
+ * back. */
 static bt_timer_thread *allocate(uint32_t nbuckets) {
     bt_timer_thread *tt =
         mmap(NULL, sizeof(*tt), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -113,7 +117,18 @@ static bt_timer_thread *allocate(uint32_t nbuckets) {
     return NULL;
 }
 
-static void init_state(bt_timer_thread *tt, const bt_options *opt) {
+static void release(bt_timer_thread *tt) {
+    free(tt->chains);
+    free(tt->buckets);
+    munmap(tt, sizeof(*tt));
+}
+
+/* 0, or the pool's error with nothing taken yet (the caller releases the
+ * memory): the pool comes first, so a failure leaves no tag or lock. */
+static int init_state(bt_timer_thread *tt, const bt_options *opt) {
+    int rc = -bt__fault(BT_FAULT_POOL_INIT);
+    if (!rc) rc = bt__pool_init(tt);
+    if (rc) return rc;
     tt->opt = *opt;
     tt->nbuckets = opt->num_buckets;
     tt->fork_generation = atomic_load(&bt__fork_generation);
@@ -124,7 +139,6 @@ static void init_state(bt_timer_thread *tt, const bt_options *opt) {
         tt->buckets[b].nearest = BT_NEVER;
         tt->buckets[b].prune_at = 2 * opt->drain_threshold;
     }
-    bt__pool_init(tt);
     pthread_mutex_init(&tt->wake_mutex, NULL);
     pthread_mutex_init(&tt->advance_mutex, NULL);
     pthread_mutex_init(&tt->ports_mutex, NULL);
@@ -132,6 +146,7 @@ static void init_state(bt_timer_thread *tt, const bt_options *opt) {
     tt->nearest = BT_NEVER;
     tt->sweep_cursor = SIZE_MAX;
     atomic_init(&tt->manual_now, opt->manual_start_ns);
+    return 0;
 }
 
 /* The timer thread runs with every signal blocked: signals are the
@@ -154,8 +169,12 @@ int bt_create(const bt_options *opt_in, bt_timer_thread **out) {
     pthread_once(&atfork_once, install_atfork);
     bt_timer_thread *tt = allocate(opt.num_buckets);
     if (!tt) return -ENOMEM;
-    init_state(tt, &opt);
-    int rc = bt_port_open(tt, !opt.manual_clock, &tt->orphans);
+    int rc = init_state(tt, &opt);
+    if (rc) {
+        release(tt);
+        return rc;
+    }
+    rc = bt_port_open(tt, !opt.manual_clock, &tt->orphans);
     if (rc == 0 && !opt.manual_clock) rc = start_thread(tt);
     if (rc) {
         bt_destroy(tt);
@@ -170,14 +189,20 @@ int32_t bt_is_stopped(bt_timer_thread *tt) {
 }
 
 /* ---- stop, drop, destroy (rule 11) ----------------------------------------
- * bt_stop sets the flag, fences the buckets and joins the thread, one caller
- * at a time under stop_mutex: every caller returns only once the thread is
- * joined.  A native callback runs on the thread itself, which cannot join
- * itself: bt_stop from there sets the flag, fences the buckets and returns;
- * the pass stops after that callback, the thread leaves its loop, and the
- * next bt_stop from any other thread (bt_destroy's included) joins it.
- * bt_destroy from a native callback cannot free what the pass still uses:
- * it stops the core and leaves the freeing to the thread (or to bt_advance)
+ * bt_stop sets the flag, fences the buckets and joins the thread (manual
+ * clock: waits out an advance in progress), one caller at a time under
+ * stop_mutex: every caller returns only once the thread is joined.  A
+ * caller inside a pass of the core -- a native callback of it, or of
+ * another core whose pass runs inside one of its callbacks: the thread
+ * keeps a stack of them (internal.h) -- runs on the thread itself, or holds
+ * the advance lock further down its own stack, and cannot wait for either:
+ * bt_stop from there sets the flag, fences the buckets and returns; the
+ * pass stops after that callback, the thread leaves its loop, and the next
+ * bt_stop from any other thread (bt_destroy's included) joins it.  A join
+ * that fails leaves the thread counted as running: bt_stop reports it, and
+ * bt_destroy refuses to free a core whose thread may still run.
+ * bt_destroy from inside a pass cannot free what the pass still uses: it
+ * stops the core and leaves the freeing to the thread (or to bt_advance)
  * once the callback has returned. */
 
 /* A schedule in flight either saw the stop flag or has published its timer
@@ -189,6 +214,24 @@ static void fence_buckets(bt_timer_thread *tt) {
     }
 }
 
+/* Under stop_mutex, the core stopped: wakes the thread and joins it.  0,
+ * or the join's error with the thread still counted as running. */
+static int join_thread(bt_timer_thread *tt) {
+    bt__futex_wake(&tt->nsignals);
+    int e = bt__fault(BT_FAULT_JOIN);
+    if (!e) e = pthread_join(tt->thread, NULL);
+    if (e) return -e;
+    tt->started = 0;
+    return 0;
+}
+
+/* Manual clock, the core stopped: an advance in progress has returned once
+ * we get its lock, and none starts a pass after (timer_thread.c). */
+static void wait_out_advance(bt_timer_thread *tt) {
+    pthread_mutex_lock(&tt->advance_mutex);
+    pthread_mutex_unlock(&tt->advance_mutex);
+}
+
 int bt_stop(bt_timer_thread *tt) {
     if (!tt) return -EINVAL;
     if (bt__forked(tt)) return 0;
@@ -196,19 +239,17 @@ int bt_stop(bt_timer_thread *tt) {
     atomic_store(&tt->stop, 1);
     atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
     pthread_mutex_unlock(&tt->wake_mutex);
-    if (bt__pass_owner == tt) { /* a native callback of this core */
+    if (bt__in_pass_of(tt)) { /* a callback, at any depth, of this core's pass */
         fence_buckets(tt);
         return 0;
     }
     pthread_mutex_lock(&tt->stop_mutex);
     fence_buckets(tt);
-    if (tt->started) {
-        bt__futex_wake(&tt->nsignals);
-        pthread_join(tt->thread, NULL);
-        tt->started = 0;
-    }
+    int rc = 0;
+    if (tt->started) rc = join_thread(tt);
+    else if (tt->opt.manual_clock) wait_out_advance(tt);
     pthread_mutex_unlock(&tt->stop_mutex);
-    return 0;
+    return rc;
 }
 
 int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
@@ -264,19 +305,19 @@ void bt__destroy_now(bt_timer_thread *tt) {
     pthread_mutex_destroy(&tt->ports_mutex);
     pthread_mutex_destroy(&tt->stop_mutex);
     give_tag(tt);
-    free(tt->chains);
-    free(tt->buckets);
-    munmap(tt, sizeof(*tt));
+    release(tt);
 }
 
-void bt_destroy(bt_timer_thread *tt) {
-    if (!tt) return;
-    if (bt__forked(tt)) return; /* its locks may be held by threads that are gone */
-    bt_stop(tt);
-    if (bt__pass_owner == tt) { /* a native callback: the pass still uses tt */
+int bt_destroy(bt_timer_thread *tt) {
+    if (!tt) return -EINVAL;
+    if (bt__forked(tt)) return 0; /* its locks may be held by threads that are gone */
+    int rc = bt_stop(tt);
+    if (rc) return rc; /* its thread may still run: never free under it */
+    if (bt__in_pass_of(tt)) { /* a callback: the pass still uses tt */
         tt->destroy_later = 1;
-        return;
+        return 0;
     }
     bt__destroy_now(tt);
+    return 0;
 }
 

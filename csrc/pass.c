@@ -325,6 +325,28 @@ const struct bt__heap_entry *bt__settle_top(bt_timer_thread *tt) {
     return top;
 }
 
+/* A listed timer's current deadline, or BT_NEVER if it is no longer
+ * pending.  Under its bucket's mutex (a listed slot is in its home
+ * bucket's list). */
+static int64_t live_deadline_locked(struct bt_timer *t) {
+    uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+    return BT_WORD_STATE(w) == BT_S_PENDING ? bt__current_deadline(t, w) : BT_NEVER;
+}
+
+int64_t bt__lists_next_live(bt_timer_thread *tt) {
+    int64_t next = BT_NEVER;
+    for (uint32_t b = 0; b < tt->nbuckets; b++) {
+        struct bt__bucket *bk = &tt->buckets[b];
+        pthread_mutex_lock(&bk->mutex);
+        for (struct bt_timer *t = bk->head; t; t = t->next) {
+            int64_t d = live_deadline_locked(t);
+            if (d < next) next = d;
+        }
+        pthread_mutex_unlock(&bk->mutex);
+    }
+    return next;
+}
+
 /* Runs a claimed native timer on this thread, after handing the ports what
  * is staged (a native callback may be slow). */
 static void run_native(bt_timer_thread *tt, struct bt_timer *t, uint64_t *fired,

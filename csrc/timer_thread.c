@@ -6,7 +6,10 @@
  *
  * The loop reads the nearest deadline, the signal counter and the stop flag
  * under wake_mutex, and sleeps expecting that counter; bt_advance and
- * bt_next_deadline hold advance_mutex, so one pass runs at a time.
+ * bt_next_deadline hold advance_mutex, so one pass runs at a time.  Each
+ * thread keeps a stack of the passes it is inside (bt__passes), so a
+ * callback that calls them on a core whose pass is below it on the stack
+ * never waits for a lock its own thread holds.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -43,17 +46,31 @@ int64_t bt_deadline_at(double when) {
     return (int64_t)ceil(when * 1e9);
 }
 
+/* now + delay saturated to the int64 range whatever the signs (a manual
+ * clock may stand anywhere in it): each bound is tested on the side where
+ * the subtraction cannot overflow. */
 int64_t bt_deadline_after(int64_t now, double delay) {
     if (delay > BT_SECONDS_RANGE) return BT_NEVER;
     if (delay < -BT_SECONDS_RANGE) delay = -BT_SECONDS_RANGE;
-    int64_t d = (int64_t)ceil(delay * 1e9);
-    return d > 0 && d > INT64_MAX - now ? BT_NEVER : now + d; /* saturated */
+    int64_t d = (int64_t)ceil(delay * 1e9); /* |d| <= 9.2e18 < 2^63 */
+    if (d > 0 && now > INT64_MAX - d) return BT_NEVER;
+    if (d < 0 && now < INT64_MIN - d) return INT64_MIN;
+    return now + d;
 }
 
-/* The core whose pass this thread is running (its timer thread, or a
- * bt_advance), if any: what a native callback that stops or destroys its own
- * core needs to know (lifecycle.c). */
-_Thread_local bt_timer_thread *bt__pass_owner BT_TLS_IE;
+/* The passes this thread is inside (internal.h): what a native callback that
+ * stops, destroys, advances or asks the next deadline of a core needs to
+ * know (lifecycle.c, and below; docs/guarantees.rst, "Calling the core from
+ * its own callbacks"). */
+_Thread_local struct bt__pass_frame *bt__passes BT_TLS_IE;
+
+static void enter_pass(struct bt__pass_frame *f, bt_timer_thread *tt) {
+    f->tt = tt;
+    f->outer = bt__passes;
+    bt__passes = f;
+}
+
+static void leave_pass(struct bt__pass_frame *f) { bt__passes = f->outer; }
 
 /* ---- the timer thread (rule 4) -------------------------------------------
  * It collects bucket lists only when one of their deadlines is due (the
@@ -107,7 +124,8 @@ static int sleep_until_due(bt_timer_thread *tt) {
 
 void *bt__timer_thread_main(void *arg) {
     bt_timer_thread *tt = arg;
-    bt__pass_owner = tt;
+    struct bt__pass_frame frame; /* every callback on this thread is inside it */
+    enter_pass(&frame, tt);
 #if defined(__linux__) && defined(PR_SET_TIMERSLACK)
     /* Linux lets a sleep run up to 50 us past its deadline by default, to
      * batch wakeups; that slack was most of a timer's lateness.  One
@@ -121,6 +139,7 @@ void *bt__timer_thread_main(void *arg) {
         if (run_pass(tt, do_collect)) continue;
         if (sleep_until_due(tt)) break;
     }
+    leave_pass(&frame);
     if (tt->destroy_later) {
         /* bt_destroy came from one of our callbacks: nobody will join us. */
         pthread_detach(pthread_self());
@@ -131,36 +150,75 @@ void *bt__timer_thread_main(void *arg) {
 
 /* ---- manual clock (rule 9) ------------------------------------------------ */
 
-int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
-    if (!tt) return -EINVAL;
-    if (!tt->opt.manual_clock) return -EINVAL;
-    if (bt__forked(tt)) return -ECHILD;
-    if (atomic_load_explicit(&tt->stop, memory_order_acquire)) return -ESHUTDOWN;
-    pthread_mutex_lock(&tt->advance_mutex);
+/* Under advance_mutex: moves the clock and runs the pass, with this thread
+ * marked inside it. */
+static uint64_t advance_locked(bt_timer_thread *tt, int64_t now_ns) {
     int64_t cur = atomic_load_explicit(&tt->manual_now, memory_order_relaxed);
     if (now_ns > cur) atomic_store_explicit(&tt->manual_now, now_ns, memory_order_release);
     else now_ns = cur;
     int more;
-    bt_timer_thread *outer = bt__pass_owner; /* a native callback of another core's pass */
-    bt__pass_owner = tt;
+    struct bt__pass_frame frame;
+    enter_pass(&frame, tt);
     uint64_t fired = bt__one_pass(tt, now_ns, 1, SIZE_MAX, &more);
-    bt__pass_owner = outer;
+    leave_pass(&frame);
+    return fired;
+}
+
+static int is_stopped(bt_timer_thread *tt) {
+    return atomic_load_explicit(&tt->stop, memory_order_acquire);
+}
+
+int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
+    if (!tt) return -EINVAL;
+    if (!tt->opt.manual_clock) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD;
+    /* A callback of this core's own pass (at any depth): the lock is this
+     * thread's already, and a pass cannot run inside itself. */
+    if (bt__in_pass_of(tt)) return -EDEADLK;
+    if (is_stopped(tt)) return -ESHUTDOWN;
+    pthread_mutex_lock(&tt->advance_mutex);
+    /* Again: a bt_stop may have come while we waited for the lock (from a
+     * callback of the advance that held it, say).  No pass after a stop. */
+    if (is_stopped(tt)) {
+        pthread_mutex_unlock(&tt->advance_mutex);
+        return -ESHUTDOWN;
+    }
+    uint64_t fired = advance_locked(tt, now_ns);
+    int destroy = tt->destroy_later; /* a callback asked for it */
     pthread_mutex_unlock(&tt->advance_mutex);
-    if (tt->destroy_later) bt__destroy_now(tt); /* a callback asked for it */
+    if (destroy) bt__destroy_now(tt);
     return (int64_t)fired;
+}
+
+/* Manual-clock mode, under advance_mutex: exact.  Collects, settles the
+ * top, reads it. */
+static int64_t next_deadline_locked(bt_timer_thread *tt) {
+    bt__collect(tt);
+    const struct bt__heap_entry *top = bt__settle_top(tt);
+    bt__flush_reaped(tt);
+    atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+    return top ? top->deadline : BT_NEVER;
+}
+
+/* Manual-clock mode, from a callback of the core's own pass (this thread
+ * holds advance_mutex further down its stack): exact too, without the lock
+ * and without a collect, so that a timer scheduled by a callback still
+ * fires at the next bt_advance, not in this one (docs/guarantees.rst,
+ * "Order").  The heap's settled top, and the bucket lists read in place. */
+static int64_t next_deadline_in_pass(bt_timer_thread *tt) {
+    const struct bt__heap_entry *top = bt__settle_top(tt);
+    int64_t next = top ? top->deadline : BT_NEVER;
+    int64_t listed = bt__lists_next_live(tt);
+    return listed < next ? listed : next;
 }
 
 int64_t bt_next_deadline(bt_timer_thread *tt) {
     if (!tt || bt__forked(tt)) return BT_NEVER;
     int64_t next = BT_NEVER;
     if (tt->opt.manual_clock) {
-        /* Exact: collect, settle the top, read it. */
+        if (bt__in_pass_of(tt)) return next_deadline_in_pass(tt);
         pthread_mutex_lock(&tt->advance_mutex);
-        bt__collect(tt);
-        const struct bt__heap_entry *top = bt__settle_top(tt);
-        bt__flush_reaped(tt);
-        if (top) next = top->deadline;
-        atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
+        next = next_deadline_locked(tt);
         pthread_mutex_unlock(&tt->advance_mutex);
         return next;
     }
@@ -169,4 +227,3 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     pthread_mutex_unlock(&tt->wake_mutex);
     return next;
 }
-

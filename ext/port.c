@@ -140,9 +140,16 @@ static PyObject *Port_fileno(PortObject *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 /* Closes the fd and releases whatever is queued without running it.  Timers
- * that come due later go to the core's orphan port. */
+ * that come due later go to the core's orphan port.  A detach the core
+ * refuses (the orphan port itself; a port of a core inherited through
+ * fork()) raises and changes nothing: the queue is not touched. */
 static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
-    bt_port_detach(self->port);
+    int rc = bt_port_detach(self->port);
+    if (rc == -EINVAL) {
+        PyErr_SetString(PyExc_ValueError, "the TimerThread's orphan port cannot be detached");
+        return NULL;
+    }
+    if (rc) return raise_errno(rc, "detach");
     PyObject *r = Port_drain_impl(self, 1);
     if (!r) return NULL;
     Py_DECREF(r);

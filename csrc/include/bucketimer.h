@@ -144,8 +144,9 @@ int64_t bt_time_ns(bt_timer_thread *tt);
  * past the int64 range is never (INT64_MAX); -inf and anything below the
  * range, as soon as possible.  NaN is the caller's to refuse. */
 int64_t bt_deadline_at(double when_s);
-/* now_ns + delay_s (call_later's), in ns, rounded up and saturated as
- * bt_deadline_at. */
+/* now_ns + delay_s (call_later's), in ns, rounded up and saturated to the
+ * int64 range for every now_ns, negative ones included (a manual clock may
+ * start anywhere): INT64_MAX is never, INT64_MIN as soon as possible. */
 int64_t bt_deadline_after(int64_t now_ns, double delay_s);
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -155,13 +156,18 @@ void bt_options_init(bt_options *opt);
 int bt_create(const bt_options *opt, bt_timer_thread **out);
 /* Stops and joins the thread; pending timers are dropped, never run.  Later
  * schedules fail with -ESHUTDOWN.  Idempotent, and safe from several threads
- * at once: every caller returns only after the thread is joined.  Ports keep
- * working for what was already posted.
- * From a native callback of this core (on its timer thread, or inside
- * bt_advance) it cannot join: it marks the core stopped and returns 0 at
- * once.  No timer runs after that callback returns (the rest of its pass is
- * skipped; bt_drop_all finds what was due), and the thread, which exits, is
- * joined by the next bt_stop from another thread or by bt_destroy. */
+ * at once: every caller returns only after the thread is joined (manual
+ * clock: after a bt_advance in progress has returned; no bt_advance runs a
+ * pass after it).  Ports keep working for what was already posted.
+ * Inside a pass of this core -- in one of its native callbacks (on its timer
+ * thread, or inside its bt_advance), or in a callback of another core whose
+ * bt_advance such a callback called, at any depth -- it cannot join: it
+ * marks the core stopped and returns 0 at once.  No timer runs after that
+ * callback returns (the rest of its pass is skipped; bt_drop_all finds what
+ * was due), and the thread, which exits, is joined by the next bt_stop from
+ * another thread or by bt_destroy.
+ * Returns 0, or the error of a join that failed (negative errno): the thread
+ * is then still counted as running, and a later bt_stop tries again. */
 int bt_stop(bt_timer_thread *tt);
 /* After bt_stop: every timer still PENDING or POSTED becomes CANCELLED and
  * on_drop(ctx, port, payload) is called for it (port is NULL and payload the
@@ -172,10 +178,13 @@ typedef void (*bt_drop_fn)(void *ctx, bt_port *port, void *payload);
 int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx);
 /* Stops the core (as bt_stop) and frees everything.  The caller guarantees
  * nobody uses tt or its ports any more, and has consumed or abandoned
- * whatever its ports hold.  From a native callback of this core it stops the
- * core and returns; the timer thread (or bt_advance) frees the core once the
- * callback has returned, and nobody may touch tt after the call. */
-void bt_destroy(bt_timer_thread *tt);
+ * whatever its ports hold.  Inside a pass of this core (as bt_stop says) it
+ * stops the core and returns 0; the timer thread (or the bt_advance further
+ * down the stack) frees the core once the callback has returned, and nobody
+ * may touch tt after the call.  Returns 0 (freed, or to be freed so), or
+ * bt_stop's error: a core whose thread could not be joined is not freed
+ * (call again). -EINVAL for NULL. */
+int bt_destroy(bt_timer_thread *tt);
 /* Nonzero once bt_stop was called, or if tt was created before a fork()
  * in an ancestor process (its thread does not exist here). */
 int32_t bt_is_stopped(bt_timer_thread *tt);
@@ -193,17 +202,23 @@ int bt_cancel(bt_timer_thread *tt, uint64_t id);
  * wants).  BT_POSTPONED: it runs at deadline_ns, never before; BT_TOO_LATE:
  * it is already posted or running, or was cancelled; BT_UNKNOWN: a stale
  * id (the timer ran and its slot moved on), a foreign or an invalid one;
- * BT_EARLIER: deadline_ns is before the timer's current deadline (cancel
- * and schedule instead).  Among equal deadlines a postponed timer keeps its
+ * BT_EARLIER: deadline_ns is before the timer's current deadline, the one
+ * the last postpone that won set, whether or not the timer thread has moved
+ * it yet (cancel and schedule instead).  Among equal deadlines a postponed timer keeps its
  * first schedule's place.  When several threads postpone one timer, the
  * last to win sets its deadline. */
 int bt_postpone(bt_timer_thread *tt, uint64_t id, int64_t deadline_ns);
 /* Manual-clock mode only: sets the clock to now_ns (never backwards) and fires
  * everything due, in (deadline, schedule order).  Returns how many fired, or a
- * negative errno (-EINVAL if tt has a real thread). */
+ * negative errno: -EINVAL if tt has a real thread, -ESHUTDOWN once stopped
+ * (also when a bt_stop came while it waited for another bt_advance), and
+ * -EDEADLK inside a pass of this core (from one of its callbacks, at any
+ * depth): a pass cannot run inside itself; that pass goes on. */
 int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns);
 /* Deadline of the earliest live timer known to the core, or INT64_MAX.  In
- * manual-clock mode exact; with a thread, a hint. */
+ * manual-clock mode exact, from one of its own callbacks too (it then
+ * answers without a lock and without collecting, so what the callback
+ * scheduled still fires at the next bt_advance); with a thread, a hint. */
 int64_t bt_next_deadline(bt_timer_thread *tt);
 
 void bt_get_stats(bt_timer_thread *tt, bt_stats *out);

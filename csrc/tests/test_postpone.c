@@ -71,6 +71,37 @@ static void test_postpone_refuses_earlier_and_unknown(void) {
     bt_destroy(other);
 }
 
+/* The answer compares with the timer's current deadline, the last
+ * postpone's when the pass has not applied it yet: postpone(30) then
+ * postpone(20) on a timer at 10 answers BT_EARLIER whether or not a pass
+ * came in between, and the timer runs at 30.  (An earlier core compared
+ * with the key the pass had last applied: before the pass it answered
+ * BT_POSTPONED and moved the timer back to 20.) */
+static int postpone_twice(int pass_between, int64_t *ran_at) {
+    bt_timer_thread *tt = manual_core(0);
+    _Atomic int runs = 0;
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, 10, count, &runs, &id) == 0);
+    CHECK(bt_postpone(tt, id, 30) == BT_POSTPONED);
+    if (pass_between) CHECK(bt_advance(tt, 5) == 0); /* applies the move */
+    int second = bt_postpone(tt, id, 20);
+    *ran_at = -1;
+    for (int64_t now = 6; now <= 40 && *ran_at < 0; now++)
+        if (bt_advance(tt, now) == 1) *ran_at = now;
+    bt_destroy(tt);
+    return second;
+}
+
+static void test_postpone_answer_does_not_depend_on_the_pass(void) {
+    int64_t ran_before, ran_after;
+    int before = postpone_twice(0, &ran_before), after = postpone_twice(1, &ran_after);
+    printf("  postpone(30) then postpone(20) on a timer at 10: %s a pass in between it "
+           "answers %d and runs at %lld; %s, %d and %lld\n", "without", before,
+           (long long)ran_before, "with", after, (long long)ran_after);
+    CHECK(before == BT_EARLIER && after == BT_EARLIER);
+    CHECK(ran_before == 30 && ran_after == 30);
+}
+
 /* A cancel after a postpone wins, and the slot comes back. */
 static void test_cancel_after_postpone(void) {
     bt_timer_thread *tt = manual_core(0);
@@ -236,6 +267,8 @@ int main(void) {
         {"postpone_moves_a_pending_timer_later", test_postpone_moves_a_pending_timer_later},
         {"postpone_refuses_earlier_and_unknown", test_postpone_refuses_earlier_and_unknown},
         {"cancel_after_postpone", test_cancel_after_postpone},
+        {"postpone_answer_does_not_depend_on_the_pass",
+         test_postpone_answer_does_not_depend_on_the_pass},
         {"many_resets_leave_one_entry", test_many_resets_leave_one_entry},
         {"postponed_timer_keeps_its_place_among_equals",
          test_postponed_timer_keeps_its_place_among_equals},

@@ -222,15 +222,15 @@ class Reference:
 
     def postpone(self, tid: int, deadline_ns: int) -> int:
         """``bt_postpone``: POSTPONED (0), TOO_LATE, UNKNOWN, or EARLIER when
-        ``deadline_ns`` is before the timer's key (its schedule's deadline,
-        or the last postpone the core applied).  The move is applied when the
-        timer is collected, or popped at its old key."""
+        ``deadline_ns`` is before the timer's current deadline (its
+        schedule's, or the last postpone's, applied or not).  The move is
+        applied when the timer is collected, or popped at its old key."""
         t = self._known.get(tid)
         if t is None:
             return UNKNOWN
         if t.state != PENDING:
             return TOO_LATE
-        if deadline_ns < t.deadline:
+        if deadline_ns < (t.deadline if t.moved_to is None else t.moved_to):
             return EARLIER
         t.moved_to = deadline_ns
         self.deadlines[tid] = deadline_ns
