@@ -12,7 +12,7 @@ async def handler() -> str:
     async with asyncio.timeout(0.5):
         await asyncio.sleep(0.01)
     try:
-        return await asyncio.wait_for(asyncio.sleep(3600), 0.05)
+        return await asyncio.wait_for(asyncio.sleep(3600, "in time"), 0.05)
     except TimeoutError:
         return "timed out"
 
