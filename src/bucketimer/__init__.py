@@ -9,6 +9,9 @@ an eventfd) or to a dispatcher thread.
   thread, with or without a running loop.
 * :func:`timeout`, :func:`timeout_at`, :class:`Timeout`, :func:`wait_for`:
   asyncio's, with the timer in the core.
+* :func:`patch_asyncio`, :func:`unpatch_asyncio`: ``asyncio.timeout``,
+  ``asyncio.timeout_at`` and ``asyncio.wait_for`` become those, for every
+  caller that looks them up at call time.
 * :func:`run`, :class:`EventLoop`, :func:`new_event_loop`: a drop-in
   asyncio loop whose ``call_at``/``call_later`` are native
   (:func:`install` and :class:`EventLoopPolicy` too, where asyncio still has
@@ -38,6 +41,7 @@ from ._backend import (
     wait_for,
 )
 from ._backend import aio as aio
+from ._patch import patch_asyncio, unpatch_asyncio
 from ._stats import Stats
 from ._version import __version__ as __version__
 from .loop import EventLoop, install, new_event_loop, run
@@ -55,9 +59,11 @@ __all__ = [
     "install",
     "monotonic_ns",
     "new_event_loop",
+    "patch_asyncio",
     "run",
     "timeout",
     "timeout_at",
+    "unpatch_asyncio",
     "wait_for",
 ]
 

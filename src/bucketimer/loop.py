@@ -55,7 +55,7 @@ from collections.abc import Callable, Coroutine
 from time import monotonic as _monotonic
 from typing import Any, TypeVar, cast
 
-from . import _backend
+from . import _backend, _patch
 from ._backend import TimerThread
 
 __all__ = ["EventLoop", "install", "new_event_loop", "run"]
@@ -237,15 +237,19 @@ def new_event_loop() -> EventLoop:
 
 
 def run(main: Coroutine[Any, Any, _T], *, debug: bool | None = None,
-        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> _T:
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+        patch_asyncio: bool = False) -> _T:
     """Run ``main`` on a new :class:`EventLoop` and return its result, as
     ``asyncio.run(main, debug=debug)`` does on the stock loop.
 
     ``loop_factory`` makes the loop instead, e.g. ``new_uv_event_loop`` or
-    ``lambda: EventLoop(timer_thread=tt)``.
+    ``lambda: EventLoop(timer_thread=tt)``.  ``patch_asyncio=True`` calls
+    :func:`bucketimer.patch_asyncio` first (it stays on after the run).
     """
     if asyncio._get_running_loop() is not None:
         raise RuntimeError("bucketimer.run() cannot be called from a running event loop")
+    if patch_asyncio:
+        _patch.patch_asyncio()
     factory = new_event_loop if loop_factory is None else loop_factory
     if sys.version_info >= (3, 12):
         return asyncio.run(main, debug=debug, loop_factory=factory)

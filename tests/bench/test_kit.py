@@ -357,10 +357,12 @@ def test_service_smoke_serves_real_requests(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "service requests/s, 20 conns" in proc.stdout
     assert "service, 20 conns: drop-in" in proc.stdout  # the verdict against asyncio
+    # stock code + patch_asyncio() against asyncio, in the same (wrapped) verdict
+    assert "; patched drop-in " in " ".join(proc.stdout.split())
     doc = json.loads(out_json.read_text(encoding="utf-8"))
     recs = doc["records"]
     assert {r["group"] for r in recs} == {"service"}
-    names = {"bucketimer", "asyncio", "drop-in"} | (
+    names = {"bucketimer", "asyncio", "drop-in", "patched drop-in"} | (
         {"uvloop", "drop-in uvloop"} if _service.uvloop is not None else set())
     assert {r["contender"] for r in recs} == names
     by = {(r["workload"], r["contender"]): r for r in recs}

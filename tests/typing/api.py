@@ -48,3 +48,9 @@ def loops() -> None:
     with asyncio.Runner(loop_factory=bucketimer.new_event_loop) as runner:
         assert_type(runner.run(helpers()), str)
     bucketimer.run(helpers(), loop_factory=lambda: bucketimer.EventLoop(timer_thread=TimerThread()))
+
+
+def patching() -> None:
+    assert_type(bucketimer.patch_asyncio(), bool)
+    bucketimer.unpatch_asyncio()
+    assert_type(bucketimer.run(helpers(), patch_asyncio=True), str)

@@ -14,6 +14,10 @@
     That event loop's own ``call_later``/``call_at``/``asyncio.timeout()``;
     ``drop-in`` is :class:`bucketimer.EventLoop`, ``drop-in uvloop`` is
     ``bucketimer.loop.UVEventLoop`` (uvloop with native timers).
+``patched drop-in``
+    Stock asyncio code (``asyncio.timeout()``) after
+    :func:`bucketimer.patch_asyncio`, on the drop-in loop: what a service
+    gets from two lines at start-up and no change to its code.
 ``threading.Timer`` / ``sched``
     The standard library's timers for code with no event loop.
 ``1-lock heap``
@@ -43,11 +47,13 @@ ASYNCIO = "asyncio"
 UVLOOP = "uvloop"
 DROPIN = "drop-in"
 DROPIN_UV = "drop-in uvloop"
+PATCHED = "patched drop-in"
 THREADING_TIMER = "threading.Timer"
 SCHED = "sched"
 REF_HEAP = "1-lock heap"
 # Column order of the table.
-CONTENDERS = (BUCKETIMER, PURE, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, THREADING_TIMER, SCHED, REF_HEAP)
+CONTENDERS = (BUCKETIMER, PURE, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, PATCHED, THREADING_TIMER,
+              SCHED, REF_HEAP)
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
@@ -83,12 +89,13 @@ def pure_timer_thread() -> bucketimer.TimerThread:
 def new_loop(name: str, timer_thread: bucketimer.TimerThread | None = None
              ) -> asyncio.AbstractEventLoop:
     """A new event loop of the loop contender ``name`` (``bucketimer`` runs on
-    the stock loop); a drop-in loop takes its timers from ``timer_thread``
+    the stock loop, ``patched drop-in`` on the drop-in loop: patching asyncio
+    is its caller's job); a drop-in loop takes its timers from ``timer_thread``
     (default: the process-wide one).  uvloop's raise ``RuntimeError`` when
     uvloop is not installed."""
     if name in (BUCKETIMER, PURE, ASYNCIO):
         return asyncio.new_event_loop()
-    if name == DROPIN:
+    if name in (DROPIN, PATCHED):
         return EventLoop(timer_thread=timer_thread)
     if name in (UVLOOP, DROPIN_UV):
         if uvloop is None:

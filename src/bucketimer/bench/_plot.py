@@ -26,6 +26,7 @@ COLORS = {
     "uvloop": "#2ca02c",
     "drop-in": "#9467bd",
     "drop-in uvloop": "#17becf",
+    "patched drop-in": "#bcbd22",
     "threading.Timer": "#8c564b",
     "sched": "#e377c2",
     "1-lock heap": "#7f7f7f",

@@ -1,6 +1,7 @@
 """The ``service`` group: a real service on 127.0.0.1 under load, per
-contender -- stock asyncio, uvloop, the drop-in loop on each, and
-bucketimer's ``timeout()`` helper on the stock loop -- at several numbers of
+contender -- stock asyncio, uvloop, the drop-in loop on each,
+bucketimer's ``timeout()`` helper on the stock loop, and the stock code after
+``patch_asyncio()`` on the drop-in loop -- at several numbers of
 concurrent connections: requests/s, client-side latency p50/p99, the
 server's worst loop stall, its RSS, and the CPU that the server and the
 load generator each used (docs/performance.rst, "The service benchmark").
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._contenders import ASYNCIO, BUCKETIMER, DROPIN, DROPIN_UV, UVLOOP, uvloop
+from ._contenders import ASYNCIO, BUCKETIMER, DROPIN, DROPIN_UV, PATCHED, UVLOOP, uvloop
 from ._records import count_label, make_record
 from ._service_wire import parse_result
 from ._suite import Suite, taking_turns
@@ -30,9 +31,10 @@ if TYPE_CHECKING:
     from ._runner import Runner
 
 # The service's contenders, in column order.
-SERVICE_CONTENDERS = (BUCKETIMER, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV)
-# Each bucketimer contender and the loop it runs on ("its host loop").
-HOSTS = {DROPIN: ASYNCIO, BUCKETIMER: ASYNCIO, DROPIN_UV: UVLOOP}
+SERVICE_CONTENDERS = (BUCKETIMER, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, PATCHED)
+# Each bucketimer contender and what it is compared with: the loop it runs on
+# ("its host loop"), or, for the patched stock code, stock asyncio.
+HOSTS = {DROPIN: ASYNCIO, BUCKETIMER: ASYNCIO, DROPIN_UV: UVLOOP, PATCHED: ASYNCIO}
 START_LIMIT = 30.0  # s for a server to start listening
 STOP_LIMIT = 30.0  # s for a server to write its beats and exit
 MAX_REQUESTS = 5_000_000  # per measured window: bounds the client's memory

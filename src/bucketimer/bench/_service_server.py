@@ -3,7 +3,7 @@
 each request under ``async with timeout(...)`` and keeps an idle timeout
 that it moves on every request with ``Timeout.reschedule()`` -- the same
 code for every contender; only the loop and which ``timeout`` it uses
-differ.  A heartbeat task measures its own lateness (the loop's stalls), the
+differ (``patched drop-in`` runs asyncio's after ``patch_asyncio()``).  A heartbeat task measures its own lateness (the loop's stalls), the
 RSS and the process's CPU time; on SIGTERM the server writes those beats as
 one JSON line and exits (docs/performance.rst, "The service benchmark").
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import bucketimer
 
-from ._contenders import BUCKETIMER, new_loop
+from ._contenders import BUCKETIMER, PATCHED, new_loop
 from ._service_wire import (
     HOST,
     REQUEST_PREFIX,
@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conns", type=int, required=True, help="connections to expect")
     p.add_argument("--lifetime", type=float, default=300.0, help="s before exiting anyway")
     args = p.parse_args(argv)
+    if args.contender == PATCHED:
+        bucketimer.patch_asyncio()
     loop = new_loop(args.contender)
     try:
         result = loop.run_until_complete(serve(args.contender, args.conns, args.lifetime))
