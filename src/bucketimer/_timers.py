@@ -125,6 +125,7 @@ class TimerThread(_core.TimerThread):
         dispatcher's audit (_audit_loops) finds such loops."""
         ref = weakref.ref(self)
         orig_close = loop.close
+        mine = object()  # marks this wrapper, which must not name itself (a cycle)
 
         def close() -> None:
             tt = ref()
@@ -136,7 +137,13 @@ class TimerThread(_core.TimerThread):
             if tt is not None and tt._pid == os.getpid() and not loop.is_running():
                 tt._detach_loop(loop)
             orig_close()
+            # This closure holds the loop that holds it: once the loop is
+            # closed, nothing is left to watch, and the cycle would leave the
+            # loop to the cycle collector.
+            if getattr(getattr(loop, "__dict__", {}).get("close"), "_bt_mark", None) is mine:
+                del loop.close
 
+        close._bt_mark = mine  # type: ignore[attr-defined]
         try:
             loop.close = close
         except (AttributeError, TypeError):  # a loop class without __dict__

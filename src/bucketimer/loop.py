@@ -140,7 +140,8 @@ class _NativeTimersMixin:
         )
         d = self.__dict__
         tt = self.timer_thread
-        if self._bt_scheduler_tt is not tt and _backend.NATIVE:
+        if (self._bt_scheduler_tt is not tt and _backend.NATIVE
+                and not self.is_closed()):  # type: ignore[attr-defined]
             self._bt_scheduler_tt = tt
             loop = cast(asyncio.AbstractEventLoop, self)
             self._bt_at = tt._scheduler(loop, True)
@@ -214,6 +215,11 @@ class _NativeTimersMixin:
         d.pop("call_later", None)
         self._bt_fast = False
         super().close()  # type: ignore[misc]
+        # The schedulers hold the loop that holds them: a cycle that would
+        # leave a closed loop to the cycle collector, where the stock loop
+        # goes with its last reference.  A closed loop never makes them again.
+        for name in ("_bt_at", "_bt_later", "_bt_scheduler_tt"):
+            d.pop(name, None)
 
 
 class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc]

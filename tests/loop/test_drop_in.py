@@ -362,6 +362,43 @@ def test_closed_loop_with_pending_timers_is_collected(kind):
     assert ref() is None
 
 
+@contextlib.contextmanager
+def _no_cycle_collector():
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@pytest.mark.parametrize("debug_after_close", [False, True])
+def test_closed_loop_is_freed_by_reference_counting(kind, debug_after_close):
+    """A closed loop holds no reference cycle, as the stock one does not: its
+    last reference going frees it, without the cycle collector.  Otherwise a
+    reference that another thread still holds while gc.collect() runs (an
+    executor's worker calling call_soon_threadsafe) keeps a closed loop alive
+    until some later collection, although nothing uses it any more."""
+    with _no_cycle_collector():
+        lp = LOOPS[kind]()
+
+        async def arm_inside():
+            running = asyncio.get_running_loop()
+            running.call_later(100, print)
+            await asyncio.sleep(0.001)
+
+        lp.run_until_complete(arm_inside())
+        lp.call_later(100, print)
+        lp.close()
+        if debug_after_close:  # must not remake what the close let go
+            lp.set_debug(True)
+            lp.set_debug(False)
+        ref = weakref.ref(lp)
+        del lp
+        assert ref() is None
+
+
 def test_close_cancels_its_pending_native_timers(native_loop_kind):
     """They leave the core at the close, counted once (rule 10 of
     docs/design.rst), and the handles answer as asyncio's do after a close."""
