@@ -182,6 +182,10 @@ class Consumer(threading.Thread):
         self.mix = mix
         self.pool = pool  # ids anybody may cancel
         self.stop = threading.Event()
+        # Held from a drain to the last child it schedules: a look at the
+        # counts under it sees no batch half-handled (a drained timer counted
+        # as run while the child it is about to schedule is not yet counted).
+        self.busy = threading.Lock()
         self.ran: list = []          # (id, clock after the drain returned)
         self.children: dict = {}     # id -> depth, of the timers it scheduled
         self.rec = Record()
@@ -202,28 +206,29 @@ class Consumer(threading.Thread):
         try:
             while not self.stop.is_set():
                 poller.poll(5)
-                n = lib_.bt_port_drain_ids(port, buf, DRAIN_MAX)
-                if not n:
-                    continue
-                now = lib_.bt_now_ns()
-                for tid in ffi.unpack(buf, n):
-                    self.ran.append((tid, now))
-                    if self._spawns(tid):
-                        depth = self.children.get(tid, 0) + 1
-                        deadline = lib_.bt_now_ns() + self.mix.delay_ns + self.rng.randrange(
-                            self.mix.jitter_ns + 1
-                        )
-                        rc = lib_.bt_schedule_port(tt, deadline, port, ffi.NULL, id_p)
-                        if rc:
-                            self.rec.errors.append(("schedule", rc))
-                            continue
-                        cid = id_p[0]
-                        self.children[cid] = depth
-                        self.rec.scheduled.append((cid, deadline))
-                        self.pool.append(cid)
-                        if self.rng.random() < self.mix.cancel_ratio / 2:
-                            self.rec.cancels.append((cid, lib_.bt_cancel(tt, cid)))
-                            self.rec.repeats.append((cid, lib_.bt_cancel(tt, cid)))
+                with self.busy:
+                    n = lib_.bt_port_drain_ids(port, buf, DRAIN_MAX)
+                    if not n:
+                        continue
+                    now = lib_.bt_now_ns()
+                    for tid in ffi.unpack(buf, n):
+                        self.ran.append((tid, now))
+                        if self._spawns(tid):
+                            depth = self.children.get(tid, 0) + 1
+                            deadline = lib_.bt_now_ns() + self.mix.delay_ns + self.rng.randrange(
+                                self.mix.jitter_ns + 1
+                            )
+                            rc = lib_.bt_schedule_port(tt, deadline, port, ffi.NULL, id_p)
+                            if rc:
+                                self.rec.errors.append(("schedule", rc))
+                                continue
+                            cid = id_p[0]
+                            self.children[cid] = depth
+                            self.rec.scheduled.append((cid, deadline))
+                            self.pool.append(cid)
+                            if self.rng.random() < self.mix.cancel_ratio / 2:
+                                self.rec.cancels.append((cid, lib_.bt_cancel(tt, cid)))
+                                self.rec.repeats.append((cid, lib_.bt_cancel(tt, cid)))
                 if lag:
                     time.sleep(lag)
         except BaseException as e:  # pragma: no cover - reported by the test
@@ -293,10 +298,13 @@ def run_mix(mix: Mix) -> dict:
 
         def accounted() -> bool:
             # Everything scheduled (children included) ran or lost to a cancel,
-            # and the core reaped every cancelled slot.
-            n_sched = sum(len(r.scheduled) for r in recs)
-            n_wins = sum(1 for r in recs for _, res in r.cancels + r.repeats if res == CANCELLED)
-            return len(consumer.ran) + n_wins == n_sched and balanced(core.stats())
+            # and the core reaped every cancelled slot.  Read between two of
+            # the consumer's batches: with nothing pending none can follow.
+            with consumer.busy:
+                n_sched = sum(len(r.scheduled) for r in recs)
+                n_wins = sum(1 for r in recs for _, res in r.cancels + r.repeats
+                             if res == CANCELLED)
+                return len(consumer.ran) + n_wins == n_sched and balanced(core.stats())
 
         ok = wait_until(accounted, timeout=20, interval=0.002)
         consumer.stop.set()
