@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import bucketimer
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
 
@@ -47,7 +49,10 @@ def test_example_runs(name: str) -> None:
         capture_output=True, text=True, timeout=120, cwd=EXAMPLES,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == OUTPUT[name]
+    expected = OUTPUT[name]
+    if name == "patch_asyncio.py" and bucketimer.backend == "python":
+        expected = ["timed out", "native timers: 0"]  # a no-op there: asyncio's own helpers
+    assert done.stdout.splitlines() == expected
     assert "Traceback" not in done.stderr, done.stderr
 
 

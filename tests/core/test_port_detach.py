@@ -11,6 +11,9 @@ from _helpers import check_ok, run_python
 
 import bucketimer
 
+# Ports are the native backend's (the pure one hands batches to the loop itself).
+pytestmark = pytest.mark.native
+
 
 def test_detaching_the_orphan_port_raises_valueerror_and_changes_nothing() -> None:
     tt = bucketimer.TimerThread()

@@ -16,6 +16,9 @@ import pytest
 
 import bucketimer
 
+# The native backend's dispatcher pipe and ports: the pure backend has neither.
+pytestmark = pytest.mark.native
+
 
 def test_every_fd_written_is_non_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
     writes: list[tuple[int, bool, str]] = []
