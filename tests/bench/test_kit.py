@@ -7,6 +7,7 @@ No timing is asserted here: performance targets live in the benchmarks.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from _helpers import wait_until
 
 import bucketimer
 from bucketimer import bench
-from bucketimer.bench import _records, _resets, _service
+from bucketimer.bench import _contenders, _records, _resets, _service
 
 try:
     import matplotlib  # noqa: F401
@@ -29,6 +30,9 @@ except ImportError:
     HAVE_MPL = False
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Where the pure backend runs, the kit leaves out the C core's rows and the
+# native-only columns (test_cli_runs_on_a_pure_only_install).
+NATIVE = bucketimer.backend == "native"
 
 
 def test_cli_smoke_writes_table_json_csv_png(tmp_path):
@@ -44,11 +48,12 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("workload"))
     for col in ("bucketimer", "asyncio", "sched", "threading.Timer", "1-lock heap"):
-        assert col in header
+        assert (col in header) == (NATIVE or col != "1-lock heap"), col
+    core_labels = ("core pairs/s, 2 threads", "core scaling, 2 threads / 1")
     for label in ("pairs in a loop, 0 pending", "pairs in a loop, 1k pending",
                   "lateness p99, in a loop", "early fires", "pairs, no loop, 0 pending",
-                  "core pairs/s, 2 threads", "core scaling, 2 threads / 1"):
-        assert any(label in line for line in lines), label
+                  *core_labels):
+        assert any(label in line for line in lines) == (NATIVE or label not in core_labels)
 
     doc = json.loads(out_json.read_text(encoding="utf-8"))
     assert doc["format"] == "bucketimer.bench/1"
@@ -74,7 +79,7 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
     expected = {"pairs@0", "pairs@1000", "timeout", "wait_for", "lateness_p50",
                 "lateness_p99", "lateness_max", "early_fires", "noloop_pairs@0",
                 "noloop_pairs@pending", "noloop_lateness_p50", "noloop_lateness_p99",
-                "core@1", "core@2", "core_scaling@2", "core_pending", "service_rps@20",
+                "service_rps@20",
                 "service_p50@20", "service_p99@20", "service_stall@20", "service_rss@20",
                 "reset_timeout@0", "reset_rearm@1000", "reset_rearm_tombstones@1000",
                 "grpc_sync@plain", "grpc_sync@2 no-op", "grpc_sync@deadline+slow",
@@ -85,6 +90,9 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
     assert ("reset_timeout_blocks@0" in workloads) == _resets.BLOCKS_COUNTED
     if _resets.BLOCKS_COUNTED:
         expected.add("reset_timeout_blocks@0")
+    core = {"core@1", "core@2", "core_scaling@2", "core_pending"}
+    assert core & workloads == (core if NATIVE else set())
+    expected |= core if NATIVE else set()
     assert expected <= workloads
     for w in expected:
         b = by[(w, "bucketimer")]
@@ -148,7 +156,8 @@ def test_cli_degrades_without_optional_packages(tmp_path):
     assert not out_png.exists()
     doc = json.loads(out_json.read_text(encoding="utf-8"))
     assert "uvloop is not installed: no 'uvloop' column" in doc["notes"]
-    assert {r["contender"] for r in doc["records"]} >= {"bucketimer", "asyncio", "1-lock heap"}
+    assert {r["contender"] for r in doc["records"]} >= {"bucketimer", "asyncio"} | (
+        {"1-lock heap"} if NATIVE else set())
     assert "uvloop" not in {r["contender"] for r in doc["records"]}
 
 
@@ -166,11 +175,54 @@ def test_cli_says_what_it_skips_without_grpc_and_cffi(tmp_path):
     assert proc.returncode == 0, proc.stderr
     notes = json.loads(out_json.read_text(encoding="utf-8"))["notes"]
     assert "grpcio is not installed: no grpc rows (pip install grpcio)" in notes
-    assert any(n.startswith("bucketimer.bench._cbench cannot load") and "no core rows" in n
-               for n in notes), notes
+    if NATIVE:
+        assert any(n.startswith("bucketimer.bench._cbench cannot load") and "no core rows" in n
+                   for n in notes), notes
+    else:  # no C core to measure, whether or not the kit's C loads
+        assert _contenders.PURE_INSTALL_NOTE in notes
     groups = {r["group"] for r in json.loads(out_json.read_text(encoding="utf-8"))["records"]}
     assert groups == {"pairs"}
     assert "note: grpcio is not installed" in proc.stdout
+
+
+_PURE_ONLY = """
+import runpy, sys
+# What a py3-none-any wheel lacks: the extension, the cffi bindings, the kit's C.
+for name in ("bucketimer._core", "bucketimer._cffi", "bucketimer.bench._cbench"):
+    sys.modules[name] = None  # makes `import name` raise ImportError
+sys.argv = ["bucketimer.bench"] + sys.argv[1:]
+runpy.run_module("bucketimer.bench", run_name="__main__")
+"""
+
+
+def test_cli_runs_on_a_pure_only_install(tmp_path):
+    """With no native module (BUCKETIMER_NO_EXTENSIONS=1 and none importable)
+    every group but the C core's runs; the bucketimer column is the pure
+    backend, the native-only columns are left out, and a note says what a
+    native install adds.  The same on either backend of this suite."""
+    out_json = tmp_path / "pure.json"
+    env = dict(os.environ, BUCKETIMER_NO_EXTENSIONS="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _PURE_ONLY, "--smoke", "--no-progress", "--json", str(out_json)],
+        check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("workload"))
+    assert "bucketimer (pure)" in header and "asyncio" in header and "sched" in header
+    assert "pure Python" not in header and "1-lock heap" not in header
+    assert "pairs, no loop, 0 pending" in proc.stdout
+    assert " ".join(_contenders.PURE_INSTALL_NOTE.split()) in " ".join(proc.stdout.split())
+    doc = json.loads(out_json.read_text(encoding="utf-8"))
+    assert doc["machine"]["backend"] == "python"
+    recs = doc["records"]
+    groups = {r["group"] for r in recs}
+    want = set(bench.GROUPS) - {"core"}
+    if importlib.util.find_spec("grpc") is None:
+        want.discard("grpc")
+    assert groups == want
+    assert not {r["contender"] for r in recs} & set(_contenders.NATIVE_ONLY)
+    by = {(r["workload"], r["contender"]): r for r in recs}
+    assert by[("pairs@0", "bucketimer")]["median"] > 0
+    assert by[("early_fires", "bucketimer")]["total"] == 0  # docs/guarantees.rst, "Never early"
 
 
 def test_cli_default_is_the_minute_suite():
