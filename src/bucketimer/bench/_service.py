@@ -318,6 +318,11 @@ def paired_ratio(a: Sequence[float], b: Sequence[float],
     return r[mid] if len(r) % 2 else (r[mid - 1] + r[mid]) / 2
 
 
+def _record_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """:func:`paired_ratio` of two service cells, over the rounds both measured."""
+    return paired_ratio(a["samples"], b["samples"], a.get("turn_rounds"), b.get("turn_rounds"))
+
+
 def verdict(recs: list[dict[str, Any]]) -> list[str]:
     """Lines under the table: each bucketimer contender against its host
     loop at each size (medians of per-round ratios), and whether the server
@@ -333,9 +338,7 @@ def verdict(recs: list[dict[str, Any]]) -> list[str]:
                     for k in ("rps", "rps_cpu", "p99", "stall")}
             if any(a is None or b is None for a, b in pair.values()):
                 continue
-            ratio = {k: paired_ratio(a["samples"], b["samples"],  # type: ignore[index]
-                                     a.get("turn_rounds"), b.get("turn_rounds"))  # type: ignore[union-attr]
-                     for k, (a, b) in pair.items()}
+            ratio = {k: _record_ratio(a, b) for k, (a, b) in pair.items()}  # type: ignore[arg-type]
             if any(math.isnan(x) for x in ratio.values()):
                 continue  # no round in which both were measured
             what = "timeout()" if ours == BUCKETIMER else ours
