@@ -52,10 +52,11 @@ RETRY_WINDOW = 2.0
 
 
 class Unmeasured(RuntimeError):
-    """A turn whose service worked (every request answered right) but whose
-    figures cannot be read: the server's loop did not get to beat twice in
-    the window, which on a loaded machine means it barely got a CPU.  Says
-    why, and what the load generator saw."""
+    """A turn whose service ran but whose figures cannot be read: the
+    server's loop did not get to beat twice in the window, which on a
+    loaded machine means it barely got a CPU.  Says why, and what the load
+    generator saw: its ``requests`` answered and ``errors`` (wrong
+    answers, which the caller must still treat as a failure)."""
 
     def __init__(self, reason: str, requests: int = 0, errors: int = 0) -> None:
         super().__init__(reason)
