@@ -47,10 +47,10 @@ else:
     from time import monotonic_ns
 
     from ._pure import aio
-    from ._pure._scheduler import HIST_BUCKETS as HIST_BUCKETS
-    from ._pure._timer_thread import DEFAULT_DRAIN_THRESHOLD as DEFAULT_DRAIN_THRESHOLD
     from ._pure._default import call_at, call_later, default_timer_thread
     from ._pure._handle import Handle
+    from ._pure._scheduler import HIST_BUCKETS as HIST_BUCKETS
+    from ._pure._timer_thread import DEFAULT_DRAIN_THRESHOLD as DEFAULT_DRAIN_THRESHOLD
     from ._pure._timer_thread import TimerThread
     from ._pure.aio import Timeout, timeout, timeout_at, wait_for
 

@@ -281,20 +281,20 @@ def run(runner: Runner) -> None:
         for key, label, unit, better, field, scale in ROWS:
             for name in names:
                 ts = turns[(name, conns)]
-                runner.add(_record(name, conns, key, label, unit, better,
-                                   [(i, t) for i, t in enumerate(ts) if t is not None],
-                                   lambda t: getattr(t, field) * scale))
+                runner.add(_record(name, conns, (key, label, unit, better, field, scale),
+                                   [(i, t) for i, t in enumerate(ts) if t is not None]))
 
 
-def _record(name: str, conns: int, key: str, label: str, unit: str, better: str,
-            measured: list[tuple[int, Turn]], value: Any) -> dict[str, Any]:
-    """One service cell from the turns that were measured (``rounds`` holds
-    their round numbers, so that ratios pair turns of the same round); a
-    cell with none has no samples and prints as '-'."""
+def _record(name: str, conns: int, row: tuple[str, str, str, str, str, float],
+            measured: list[tuple[int, Turn]]) -> dict[str, Any]:
+    """One service cell of a row of ROWS from the turns that were measured
+    (``turn_rounds`` holds their round numbers, so that ratios pair turns of
+    the same round); a cell with none has no samples and prints as '-'."""
+    key, label, unit, better, field, scale = row
     busy = key.endswith("busy")
     return make_record(
         "service", f"service_{key}@{conns}", f"{label}, {count_label(conns)} conns", name,
-        unit, better, [value(t) for _, t in measured],
+        unit, better, [getattr(t, field) * scale for _, t in measured],
         per_round=sum(t.requests for _, t in measured) // max(1, len(measured)),
         pending=None, conns=conns, turn_rounds=[i for i, _ in measured],
         cpu=[t.client_cpu if "client" in key else t.server_cpu for _, t in measured]
