@@ -149,6 +149,10 @@ struct TimerThreadObject {
     PortObject *cached_port;
     PortObject *dispatcher; /* the port of loop None, once created */
     int closed;
+    /* A close() whose join failed: the core is stopped (nothing runs, nothing
+     * can be scheduled) but its thread lives and its timers are kept; the
+     * next close() tries again (timer_thread.c, close_core). */
+    int stop_failed;
     PyObject *weakreflist;
 };
 #define TIMERTHREAD_REFS(X) X(cached_loop) X(cached_port) X(dispatcher)

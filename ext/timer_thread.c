@@ -52,13 +52,28 @@ BT_GC_TRAVERSE(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
 BT_GC_CLEAR(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
 
 /* Stops the core and drops every pending or posted timer without running
- * it.  Returns how many were dropped. */
+ * it.  Returns how many were dropped, or -1 with RuntimeError set if its
+ * thread could not be joined: then nothing is dropped or freed, the core
+ * stays stopped (no timer runs, scheduling raises "closed"), and the next
+ * call joins and drops.  `closed` is set before the GIL is let go, so a
+ * concurrent call returns 0 at once, as it always did. */
 static int64_t close_core(TimerThreadObject *self) {
     if (!self->core || self->closed) return 0;
     self->closed = 1;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    bt_stop(self->core);
+    rc = bt_stop(self->core);
     Py_END_ALLOW_THREADS
+    if (rc) {
+        self->closed = 0;
+        self->stop_failed = 1;
+        PyErr_Format(PyExc_RuntimeError,
+                     "TimerThread.close(): its timer thread could not be joined (%s); it is "
+                     "stopped -- no timer runs, none can be scheduled -- and keeps its "
+                     "pending timers until close() succeeds", strerror(-rc));
+        return -1;
+    }
+    self->stop_failed = 0;
     return bt_drop_all(self->core, drop_handle, NULL);
 }
 
@@ -69,11 +84,21 @@ static void TimerThread_dealloc(TimerThreadObject *self) {
     TimerThread_clear(self);
     if (self->core) {
         /* No handle or port refers to us any more (they hold references),
-         * so nothing is pending: stopping and freeing is safe. */
-        close_core(self);
-        Py_BEGIN_ALLOW_THREADS
-        bt_destroy(self->core);
-        Py_END_ALLOW_THREADS
+         * so nothing is pending: stopping and freeing is safe.  A core whose
+         * thread cannot be joined is not freed (bt_destroy refuses): it
+         * leaks, reported, rather than be freed under a live thread. */
+        PyObject *exc = PyErr_GetRaisedException();  /* a dealloc keeps the caller's */
+        int rc = close_core(self) < 0 ? -1 : 0;
+        if (rc == 0) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = bt_destroy(self->core);
+            Py_END_ALLOW_THREADS
+            if (rc)
+                PyErr_Format(PyExc_RuntimeError, "TimerThread: bt_destroy failed (%s)",
+                             strerror(-rc));
+        }
+        if (rc) PyErr_WriteUnraisable(NULL);
+        if (exc) PyErr_SetRaisedException(exc);  /* (3.11's compat.h wants one) */
         self->core = NULL;
     }
     tp->tp_free(self);
@@ -85,8 +110,10 @@ int check_open(TimerThreadObject *self) {
         PyErr_SetString(PyExc_RuntimeError, "TimerThread is not initialised");
         return -1;
     }
-    if (self->closed || bt_is_stopped(self->core)) {
-        raise_errno(bt_is_stopped(self->core) && !self->closed ? -ECHILD : -ESHUTDOWN, "");
+    if (self->closed || self->stop_failed || bt_is_stopped(self->core)) {
+        /* stopped by neither close() nor a failed one: made before a fork() */
+        int forked = !self->closed && !self->stop_failed;
+        raise_errno(forked ? -ECHILD : -ESHUTDOWN, "");
         return -1;
     }
     return 0;
@@ -141,6 +168,7 @@ static PyObject *TimerThread_orphans(TimerThreadObject *self, PyObject *Py_UNUSE
 static PyObject *TimerThread_close_core(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->core) Py_RETURN_NONE;
     int64_t n = close_core(self);
+    if (n < 0) return NULL;  /* left as close_core says; the caches stay valid */
     Py_CLEAR(self->cached_loop);
     Py_CLEAR(self->cached_port);
     return PyLong_FromLongLong(n);

@@ -37,6 +37,8 @@ NATIVE = _native_core() is not None
 if TYPE_CHECKING or NATIVE:
     backend = "native"
     from . import aio
+    from ._core import DEFAULT_DRAIN_THRESHOLD as DEFAULT_DRAIN_THRESHOLD
+    from ._core import HIST_BUCKETS as HIST_BUCKETS
     from ._core import monotonic_ns
     from ._timers import Handle, TimerThread, call_at, call_later, default_timer_thread
     from .aio import Timeout, timeout, timeout_at, wait_for
@@ -47,6 +49,8 @@ else:
     from ._pure import aio
     from ._pure._default import call_at, call_later, default_timer_thread
     from ._pure._handle import Handle
+    from ._pure._scheduler import HIST_BUCKETS as HIST_BUCKETS
+    from ._pure._timer_thread import DEFAULT_DRAIN_THRESHOLD as DEFAULT_DRAIN_THRESHOLD
     from ._pure._timer_thread import TimerThread
     from ._pure.aio import Timeout, timeout, timeout_at, wait_for
 

@@ -218,6 +218,11 @@ class TimerThread(_core.TimerThread):
         After ``close()`` returns no callback of this TimerThread starts, and
         scheduling raises ``RuntimeError``.  A callback already running
         finishes.  Idempotent.
+
+        Raises ``RuntimeError`` if the core's thread cannot be joined: the
+        TimerThread is then stopped (no callback starts, scheduling raises)
+        but nothing else was undone -- its pending timers, loops and
+        dispatcher are kept -- and ``close()`` again tries to finish.
         """
         self._close(join_timeout=1.0)
 
@@ -231,7 +236,12 @@ class TimerThread(_core.TimerThread):
             if self._closing:
                 return
             self._closing = True
-        self._close_core()
+        try:
+            self._close_core()
+        except RuntimeError:  # not joined, nothing dropped: a later close() retries
+            with self._lock:
+                self._closing = False
+            raise
         for loop in list(self._ports):
             if loop.is_closed() or asyncio.events._get_running_loop() is loop or not loop.is_running():
                 self._detach_loop(loop)

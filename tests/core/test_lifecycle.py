@@ -101,6 +101,34 @@ def test_close_from_inside_a_dispatcher_callback():
     assert tt.closed
 
 
+@pytest.mark.native
+def test_close_whose_core_refused_can_be_closed_again():
+    """A close() whose core could not be stopped (its join failed: see
+    docs/guarantees.rst, "Close"; no Python test can make a real join fail,
+    so the core's answer is faked here) undoes nothing else, and the next
+    close() finishes: timers dropped, scheduling refused."""
+
+    class Refusing(bucketimer.TimerThread):
+        refusals = 1
+
+        def _close_core(self) -> int | None:
+            if self.refusals:
+                self.refusals -= 1
+                raise RuntimeError("its timer thread could not be joined")
+            return super()._close_core()
+
+    tt = Refusing()
+    fired: list[int] = []
+    tt.call_later(30, fired.append, 1)
+    with pytest.raises(RuntimeError, match="could not be joined"):
+        tt.close()
+    tt.close()
+    assert tt.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        tt.call_later(0, fired.append, 2)
+    assert tt.stats()["cancelled"] == 1 and fired == []  # dropped, never run
+
+
 def test_close_with_a_loop_port_then_close_the_loop(run):
     tt = bucketimer.TimerThread()
 

@@ -24,6 +24,12 @@
     The reference C timer of ``csrc/bench.c``: one mutex, one binary heap.
 
 uvloop is the one optional contender: without it, its column is missing.
+Where the pure-Python backend runs (``bucketimer.backend == "python"``: no
+native modules, or ``BUCKETIMER_NO_EXTENSIONS`` set) the ``bucketimer``
+column *is* that backend: the ``pure Python`` column would repeat it, and
+the core rows with their ``1-lock heap`` column measure a C core that is
+not there, so :data:`NATIVE_ONLY` are left out and :data:`PURE_INSTALL_NOTE`
+says what a native install adds.
 """
 
 from __future__ import annotations
@@ -55,7 +61,20 @@ REF_HEAP = "1-lock heap"
 CONTENDERS = (BUCKETIMER, PURE, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, PATCHED, THREADING_TIMER,
               SCHED, REF_HEAP)
 
+# The columns only a native install has (see the module's docstring).
+NATIVE_ONLY = (PURE, REF_HEAP)
+PURE_INSTALL_NOTE = (
+    "bucketimer runs its pure-Python backend here (bucketimer.backend is 'python'), so the "
+    "bucketimer column is that backend; a native install (the CPython 3.11-3.15 wheels for "
+    f"Linux x86_64, glibc) adds the C core under the bucketimer column, the '{PURE}' column "
+    f"beside it, and the core rows with their '{REF_HEAP}' column")
+
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+
+def native_backend() -> bool:
+    """Whether bucketimer's API runs on the native core here."""
+    return bucketimer.backend == "native"
 
 
 def loop_factories() -> dict[str, LoopFactory]:

@@ -55,6 +55,7 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
         "bucketimer": bucketimer.__version__,
+        "backend": bucketimer.backend,
         "packages": {d: _version(d) for d in PACKAGES},
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "loadavg": loadavg(),

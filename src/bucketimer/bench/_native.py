@@ -11,7 +11,7 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ._contenders import BUCKETIMER, REF_HEAP
+from ._contenders import BUCKETIMER, REF_HEAP, native_backend
 from ._pairs import PAIR_DELAY, PENDING_MAX, PENDING_MIN
 from ._records import count_label, make_record
 
@@ -126,10 +126,14 @@ def _cbench() -> tuple[Any, Any] | str:
 
 def steps(runner: Runner) -> int:
     s = runner.suite
-    return s.rounds * (1 + len(s.core_threads)) if not isinstance(_cbench(), str) else 0
+    if not native_backend() or isinstance(_cbench(), str):
+        return 0
+    return s.rounds * (1 + len(s.core_threads))
 
 
 def run(runner: Runner) -> None:
+    if not native_backend():  # no C core to measure: the runner's note says so
+        return
     s = runner.suite
     loaded = _cbench()
     if isinstance(loaded, str):

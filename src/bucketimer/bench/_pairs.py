@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import bucketimer
-from bucketimer import _core
+from bucketimer._backend import DEFAULT_DRAIN_THRESHOLD
 
 from ._contenders import BUCKETIMER, DROPIN, DROPIN_UV, PURE, new_loop, pure_timer_thread, with_pure
 from ._records import count_label, make_record
@@ -29,7 +29,7 @@ PAIR_DELAY = 30.0  # s: the timer of a schedule+cancel pair never fires
 PENDING_MIN, PENDING_MAX = 10.0, 3600.0  # s: deadlines of the pending timers
 # Below these the core has taken in what was scheduled and swept what was
 # cancelled (its drain threshold per bucket).
-SETTLED_DEAD = _core.DEFAULT_DRAIN_THRESHOLD
+SETTLED_DEAD = DEFAULT_DRAIN_THRESHOLD
 SETTLED_LIST = 2 * SETTLED_DEAD
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .._core import HIST_BUCKETS as HIST_BUCKETS  # of stats()["lateness_hist"]
+from .._backend import HIST_BUCKETS as HIST_BUCKETS  # of stats()["lateness_hist"]
 from ._contenders import BUCKETIMER
 
 

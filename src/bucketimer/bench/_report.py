@@ -14,6 +14,8 @@ from ._grpc import verdict as grpc_verdict
 from ._resets import verdict as reset_verdict
 from ._service import verdict as service_verdict
 
+# The bucketimer column's header where the pure-Python backend ran.
+PURE_HEADER = f"{BUCKETIMER} (pure)"
 _FANCY = {"mu": "\u00b5", "x": "\u00d7", "pm": "\u00b1", "down": "\u2193", "up": "\u2191"}
 _PLAIN = {"mu": "u", "x": "x", "pm": "+-", "down": "v", "up": "^"}
 
@@ -108,7 +110,8 @@ def format_table(data: Any, stream: Any = None) -> str:
     recs = as_records(data)
     meta = meta_of(data)
     machine = meta.get("machine", {})
-    out = [_title(recs, meta), *_grid(recs, sym), ""]
+    pure = machine.get("backend") == "python"
+    out = [_title(recs, meta), *_grid(recs, sym, {BUCKETIMER: PURE_HEADER} if pure else {}), ""]
     out.extend(_legend(recs, sym))
     out.extend(core_verdict(recs, machine))
     out.extend(reset_verdict(recs))
@@ -133,9 +136,10 @@ def _title(recs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return title
 
 
-def _grid(recs: list[dict[str, Any]], sym: dict[str, str]) -> list[str]:
-    """The header, a rule, and a row per workload (with its ratios below it),
-    a blank line between groups."""
+def _grid(recs: list[dict[str, Any]], sym: dict[str, str], headers: dict[str, str]
+          ) -> list[str]:
+    """The header (``headers`` renames columns), a rule, and a row per
+    workload (with its ratios below it), a blank line between groups."""
     cols = [c for c in CONTENDERS if any(r["contender"] == c for r in recs)]
     rows: list[tuple[str, str, str]] = []  # (workload, label, better), in first-seen order
     for r in recs:
@@ -144,7 +148,7 @@ def _grid(recs: list[dict[str, Any]], sym: dict[str, str]) -> list[str]:
             rows.append(key)
     by = {(r["workload"], r["contender"]): r for r in recs}
     group_of = {r["workload"]: r["group"] for r in recs}
-    header = ["workload"] + cols
+    header = ["workload"] + [headers.get(c, c) for c in cols]
     body: list[tuple[list[str], str]] = []  # (cells, group)
     for workload, label, better in rows:
         arrow = {"lower": sym["down"], "higher": sym["up"]}.get(better, " ")

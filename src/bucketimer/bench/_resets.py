@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import bucketimer
-from bucketimer import _core
+from bucketimer._backend import DEFAULT_DRAIN_THRESHOLD
 
 from ._contenders import ASYNCIO, BUCKETIMER, DROPIN, DROPIN_UV, new_loop
 from ._pairs import PAIR_DELAY, fill, noop, pairs_round, settle
@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from ._runner import Runner
 
 # Resets of one leftover probe: below the core's drain threshold
-# (_core.DEFAULT_DRAIN_THRESHOLD), so that its timer thread does not sweep
+# (DEFAULT_DRAIN_THRESHOLD), so that its timer thread does not sweep
 # them while they are counted.
 PROBE = 1000
-assert PROBE < _core.DEFAULT_DRAIN_THRESHOLD
+assert PROBE < DEFAULT_DRAIN_THRESHOLD
 
 TimeoutFn = Callable[[float], AbstractAsyncContextManager[Any]]
 

@@ -13,7 +13,16 @@ from types import ModuleType
 from typing import Any
 
 from . import _grpc, _lateness, _native, _noloop, _pairs, _resets, _service, _timeouts
-from ._contenders import BUCKETIMER, CONTENDERS, UVLOOP, LoopFactory, loop_factories
+from ._contenders import (
+    BUCKETIMER,
+    CONTENDERS,
+    NATIVE_ONLY,
+    PURE_INSTALL_NOTE,
+    UVLOOP,
+    LoopFactory,
+    loop_factories,
+    native_backend,
+)
 from ._records import add_ratios
 from ._suite import Suite
 
@@ -75,6 +84,9 @@ class Runner:
             raise ValueError(f"unknown contenders: {sorted(unknown)}; known: {CONTENDERS}")
         if BUCKETIMER not in self.want:
             raise ValueError("the bucketimer contender is the baseline of every ratio")
+        if not native_backend():
+            self.want -= set(NATIVE_ONLY)
+            self.notes.append(PURE_INSTALL_NOTE)
         factories = loop_factories()
         if UVLOOP in self.want and UVLOOP not in factories:
             self.notes.append(f"uvloop is not installed: no '{UVLOOP}' column")

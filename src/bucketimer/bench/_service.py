@@ -45,6 +45,24 @@ WARMUP_PER_CONN = 0.0002  # s
 WINDOW_PER_CONN = 0.0005  # s
 # % of a window a server's loop must be busy for it to be the bottleneck
 BUSY = 90.0
+# A turn that cannot be measured is taken once more with its window this
+# many times longer (and at least RETRY_WINDOW s).
+RETRY_STRETCH = 4.0
+RETRY_WINDOW = 2.0
+
+
+class Unmeasured(RuntimeError):
+    """A turn whose service ran but whose figures cannot be read: the
+    server's loop did not get to beat twice in the window, which on a
+    loaded machine means it barely got a CPU.  Says why, and what the load
+    generator saw: its ``requests`` answered and ``errors`` (wrong
+    answers, which the caller must still treat as a failure)."""
+
+    def __init__(self, reason: str, requests: int = 0, errors: int = 0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.requests = requests
+        self.errors = errors
 
 
 def contenders(want: set[str]) -> list[str]:
@@ -119,8 +137,9 @@ def _window(beats: Sequence[float], fields: int, t0: float, t1: float
     rows = [beats[i:i + fields] for i in range(0, len(beats), fields)]
     inside = [r for r in rows if t0 <= r[0] <= t1]
     if len(inside) < 2:
-        raise RuntimeError(f"service server: {len(inside)} heartbeats in the window "
-                           "(the loop stalled for the whole window?)")
+        raise Unmeasured(f"service server: {len(inside)} heartbeats in the "
+                         f"{t1 - t0:.1f} s window (its loop stalled for the whole window: "
+                         "a machine too loaded to give it a CPU?)")
     stall = max(r[1] for r in inside)
     rss = max(r[2] for r in inside)
     first, last = inside[0], inside[-1]
@@ -131,10 +150,28 @@ def _window(beats: Sequence[float], fields: int, t0: float, t1: float
     return stall, rss, busy, cpu, process_cpu
 
 
+def measured_turn(contender: str, conns: int, warmup: float, window: float,
+                  max_requests: int = MAX_REQUESTS) -> Turn:
+    """:func:`run_turn`, taken once more with a longer window if its figures
+    cannot be read; raises :class:`Unmeasured` (saying both tries) if they
+    still cannot."""
+    try:
+        return run_turn(contender, conns, warmup, window, max_requests)
+    except Unmeasured as first:
+        longer = max(window * RETRY_STRETCH, RETRY_WINDOW)
+        try:
+            return run_turn(contender, conns, warmup, longer, max_requests)
+        except Unmeasured as second:
+            raise Unmeasured(f"{first.reason}; again with a {longer:.1f} s window: "
+                             f"{second.reason}", second.requests, second.errors) from None
+
+
 def run_turn(contender: str, conns: int, warmup: float, window: float,
              max_requests: int = MAX_REQUESTS) -> Turn:
     """A fresh server of ``contender`` under ``conns`` connections of a fresh
-    load generator: ``warmup`` s of load, then ``window`` s measured."""
+    load generator: ``warmup`` s of load, then ``window`` s measured.  Raises
+    :class:`Unmeasured` when the service worked but its figures cannot be
+    read (see :func:`measured_turn`)."""
     budget = 2 * START_LIMIT + warmup + window
     server = subprocess.Popen(
         [*_module("_service_server"), "--contender", contender, "--conns", str(conns),
@@ -164,11 +201,14 @@ def run_turn(contender: str, conns: int, warmup: float, window: float,
                 proc.kill()
                 proc.communicate()
     s = parse_result(out)
-    stall, rss, busy, cpu, process_cpu = _window(s["beats"], s["beat_fields"], c["t0"],
-                                                 c["t1"])
     if c["conns"] != conns or c["lost"]:
         raise RuntimeError(f"service client: {c['conns']} of {conns} connections, "
                            f"{c['lost']} lost during the run")
+    try:
+        stall, rss, busy, cpu, process_cpu = _window(s["beats"], s["beat_fields"], c["t0"],
+                                                     c["t1"])
+    except Unmeasured as e:
+        raise Unmeasured(e.reason, c["requests"], c["errors"]) from None
     return Turn(contender, conns, c["rps"], c["rps"] / process_cpu, c["p50_ns"], c["p99_ns"], stall * 1e9,
                 rss / MIB, busy, cpu, c["busy"], c["cpu"], c["requests"], c["errors"],
                 c["paced"] / conns)
@@ -193,18 +233,18 @@ def steps(runner: Runner) -> int:
 
 
 def measure(suite: Suite, names: Sequence[str], step: Any = None, notes: list[str] | None = None
-            ) -> dict[tuple[str, int], list[Turn]]:
+            ) -> dict[tuple[str, int], list[Turn | None]]:
     """Every contender of ``names`` at every size of ``suite``, taking turns
-    round by round; the turns of each (contender, size) in round order."""
-    turns: dict[tuple[str, int], list[Turn]] = {}
+    round by round; the turns of each (contender, size) in round order,
+    None for a turn that could not be measured (:func:`measured_turn`; the
+    reason goes to ``notes``)."""
+    turns: dict[tuple[str, int], list[Turn | None]] = {}
     for conns in suite.service_conns:
         warmup = max(suite.service_warmup, conns * WARMUP_PER_CONN)
         window = max(suite.service_window, conns * WINDOW_PER_CONN)
         for name in taking_turns(list(names), suite.service_rounds):
-            t = run_turn(name, conns, warmup, window)
-            if t.errors:
-                raise RuntimeError(f"service {name}: {t.errors} wrong responses")
-            if t.paced < 0.9 and notes is not None:
+            t = _turn_or_none(name, conns, warmup, window, notes)
+            if t is not None and t.paced < 0.9 and notes is not None:
                 notes.append(f"service {name}, {count_label(conns)} conns: only "
                              f"{t.paced:.0%} of the connections were answered twice in the "
                              f"{window:.1f} s window; its requests/s is extrapolated from them")
@@ -212,6 +252,24 @@ def measure(suite: Suite, names: Sequence[str], step: Any = None, notes: list[st
             if step is not None:
                 step(f"service {count_label(conns)} {name}")
     return turns
+
+
+def _turn_or_none(name: str, conns: int, warmup: float, window: float,
+                  notes: list[str] | None) -> Turn | None:
+    """One measured turn, or None after noting why it could not be measured.
+    Wrong responses are never a measurement problem: they raise."""
+    try:
+        t = measured_turn(name, conns, warmup, window)
+    except Unmeasured as e:
+        if e.errors:
+            raise RuntimeError(f"service {name}: {e.errors} wrong responses") from None
+        if notes is not None:
+            notes.append(f"service {name}, {count_label(conns)} conns: a turn was not "
+                         f"measured ({e.requests} requests answered, no figures): {e.reason}")
+        return None
+    if t.errors:
+        raise RuntimeError(f"service {name}: {t.errors} wrong responses")
+    return t
 
 
 def run(runner: Runner) -> None:
@@ -223,22 +281,47 @@ def run(runner: Runner) -> None:
         for key, label, unit, better, field, scale in ROWS:
             for name in names:
                 ts = turns[(name, conns)]
-                runner.add(make_record(
-                    "service", f"service_{key}@{conns}", f"{label}, {count_label(conns)} conns",
-                    name, unit, better, [getattr(t, field) * scale for t in ts],
-                    per_round=sum(t.requests for t in ts) // len(ts), pending=None,
-                    conns=conns, cpu=[t.server_cpu if "client" not in key else t.client_cpu
-                                      for t in ts] if key.endswith("busy") else None))
+                runner.add(_record(name, conns, (key, label, unit, better, field, scale),
+                                   [(i, t) for i, t in enumerate(ts) if t is not None]))
 
 
-def paired_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+def _record(name: str, conns: int, row: tuple[str, str, str, str, str, float],
+            measured: list[tuple[int, Turn]]) -> dict[str, Any]:
+    """One service cell of a row of ROWS from the turns that were measured
+    (``turn_rounds`` holds their round numbers, so that ratios pair turns of
+    the same round); a cell with none has no samples and prints as '-'."""
+    key, label, unit, better, field, scale = row
+    busy = key.endswith("busy")
+    return make_record(
+        "service", f"service_{key}@{conns}", f"{label}, {count_label(conns)} conns", name,
+        unit, better, [getattr(t, field) * scale for _, t in measured],
+        per_round=sum(t.requests for _, t in measured) // max(1, len(measured)),
+        pending=None, conns=conns, turn_rounds=[i for i, _ in measured],
+        cpu=[t.client_cpu if "client" in key else t.server_cpu for _, t in measured]
+        if busy else None)
+
+
+def paired_ratio(a: Sequence[float], b: Sequence[float],
+                 a_rounds: Sequence[int] | None = None, b_rounds: Sequence[int] | None = None
+                 ) -> float:
     """The median over rounds of a[i] / b[i] (the turns of one round were
-    taken moments apart)."""
-    r = sorted(x / y for x, y in zip(a, b) if y and not math.isnan(x) and not math.isnan(y))
+    taken moments apart); with ``a_rounds``/``b_rounds``, the round of each
+    sample, only rounds both measured are paired."""
+    if a_rounds is not None and b_rounds is not None:
+        by_round = dict(zip(b_rounds, b))
+        pairs = [(x, by_round[i]) for i, x in zip(a_rounds, a) if i in by_round]
+    else:
+        pairs = list(zip(a, b))
+    r = sorted(x / y for x, y in pairs if y and not math.isnan(x) and not math.isnan(y))
     if not r:
         return math.nan
     mid = len(r) // 2
     return r[mid] if len(r) % 2 else (r[mid - 1] + r[mid]) / 2
+
+
+def _record_ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """:func:`paired_ratio` of two service cells, over the rounds both measured."""
+    return paired_ratio(a["samples"], b["samples"], a.get("turn_rounds"), b.get("turn_rounds"))
 
 
 def verdict(recs: list[dict[str, Any]]) -> list[str]:
@@ -256,8 +339,9 @@ def verdict(recs: list[dict[str, Any]]) -> list[str]:
                     for k in ("rps", "rps_cpu", "p99", "stall")}
             if any(a is None or b is None for a, b in pair.values()):
                 continue
-            ratio = {k: paired_ratio(a["samples"], b["samples"])  # type: ignore[index]
-                     for k, (a, b) in pair.items()}
+            ratio = {k: _record_ratio(a, b) for k, (a, b) in pair.items()}  # type: ignore[arg-type]
+            if any(math.isnan(x) for x in ratio.values()):
+                continue  # no round in which both were measured
             what = "timeout()" if ours == BUCKETIMER else ours
             parts.append(f"{what} {ratio['rps'] - 1:+.0%} req/s ({ratio['rps_cpu'] - 1:+.0%} "
                          f"per server CPU-s) vs {host}, p99 {ratio['p99']:.2f}x, "

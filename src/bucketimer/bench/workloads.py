@@ -31,7 +31,9 @@ Deadline resets (the ``reset`` rows): :class:`ResetTarget`,
 (``cancel`` + ``call_later``).
 
 The service (the ``service`` rows): :func:`service_turn` (one turn of a
-contender under N connections: a :class:`ServiceTurn`),
+contender under N connections: a :class:`ServiceTurn`; taken once more with
+a longer window if its figures cannot be read, then
+:class:`ServiceUnmeasured`, which says why and what was answered),
 :func:`service_contenders`, :func:`start_service_server` and
 :func:`start_service_client` (the two processes of a turn, for tools that
 watch one, e.g. a profiler).
@@ -53,8 +55,9 @@ from ._resets import BLOCKS_COUNTED, Leftovers, rearm_round, reschedule_round
 from ._resets import Target as ResetTarget
 from ._service import SERVICE_CONTENDERS, _read_port
 from ._service import Turn as ServiceTurn
+from ._service import Unmeasured as ServiceUnmeasured
 from ._service import contenders as _service_contenders
-from ._service import run_turn as service_turn
+from ._service import measured_turn as service_turn
 from ._timeouts import timeout_round, wait_for_round
 
 __all__ = [
@@ -72,6 +75,7 @@ __all__ = [
     "PairsTarget",
     "ResetTarget",
     "ServiceTurn",
+    "ServiceUnmeasured",
     "cancel_churn",
     "fill",
     "lateness_round",
