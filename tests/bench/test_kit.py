@@ -22,6 +22,11 @@ import bucketimer
 from bucketimer import bench
 from bucketimer.bench import _contenders, _records, _resets, _service
 
+# grpc.aio, not grpc: without grpcio, tests/grpc/ on sys.path makes "grpc" a
+# namespace package.
+HAVE_GRPCIO = importlib.util.find_spec("grpc") is not None and (
+    importlib.util.find_spec("grpc.aio") is not None)
+
 try:
     import matplotlib  # noqa: F401
 
@@ -82,9 +87,11 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
                 "service_rps@20",
                 "service_p50@20", "service_p99@20", "service_stall@20", "service_rss@20",
                 "reset_timeout@0", "reset_rearm@1000", "reset_rearm_tombstones@1000",
-                "grpc_sync@plain", "grpc_sync@2 no-op", "grpc_sync@deadline+slow",
-                "grpc_sync@no timers", "grpc_aio@2 wrappers", "grpc_aio@deadline+slow",
-                "grpc_aio@slow + no-op", "grpc_sync_vs_noop", "grpc_aio_vs_noop"}
+                }
+    if HAVE_GRPCIO:
+        expected |= {"grpc_sync@plain", "grpc_sync@2 no-op", "grpc_sync@deadline+slow",
+                     "grpc_sync@no timers", "grpc_aio@2 wrappers", "grpc_aio@deadline+slow",
+                     "grpc_aio@slow + no-op", "grpc_sync_vs_noop", "grpc_aio_vs_noop"}
     # Heap-block rows exist only where pymalloc counts the blocks (not under
     # the sanitizer session's PYTHONMALLOC=malloc).
     assert ("reset_timeout_blocks@0" in workloads) == _resets.BLOCKS_COUNTED
@@ -216,7 +223,7 @@ def test_cli_runs_on_a_pure_only_install(tmp_path):
     recs = doc["records"]
     groups = {r["group"] for r in recs}
     want = set(bench.GROUPS) - {"core"}
-    if importlib.util.find_spec("grpc") is None:
+    if not HAVE_GRPCIO:
         want.discard("grpc")
     assert groups == want
     assert not {r["contender"] for r in recs} & set(_contenders.NATIVE_ONLY)
@@ -243,6 +250,7 @@ def test_public_workload_api_is_complete():
     for name in workloads.__all__:
         assert getattr(workloads, name) is not None, name
     assert set(workloads.LOOP_CONTENDERS) <= set(bench.CONTENDERS)
+    pytest.importorskip("grpc.aio")
     ge = pytest.importorskip("bucketimer.bench.grpc_echo", exc_type=ImportError)
     for name in ge.__all__:
         assert hasattr(ge, name), name

@@ -31,8 +31,10 @@ PARTS = ("slow + no-op", "no-op + deadline", "no timers")
 
 
 def _available() -> bool:
+    # grpc.aio, not grpc: a directory named grpc on sys.path (a checkout's
+    # tests/grpc) imports as an empty namespace package.
     try:
-        import grpc  # noqa: F401
+        import grpc.aio  # noqa: F401
     except ImportError:
         return False
     return True
