@@ -109,7 +109,7 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
         else:  # counts and scaling factors have no ratio (JSON null, not NaN)
             assert b["ratio"] is None, w
     # Each API's verdict: deadline+slow against the target, and the parts.
-    for api in ("sync", "aio"):
+    for api in ("sync", "aio") if HAVE_GRPCIO else ():
         line = next(line for line in lines if line.startswith(f"gRPC {api}: deadline+slow"))
         assert "no-op + deadline" in line and "no timers" in line
     a = by[("pairs@0", "asyncio")]
