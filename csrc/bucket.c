@@ -5,8 +5,8 @@
  * A bucket's list, free list, length, nearest deadline and counters are
  * guarded by its mutex; its cancelled/wakeups counters are relaxed atomics.
  * A slot's state word is the only thing a cancel touches (a CAS), so cancel
- * needs no lock.  The wake protocol (nearest, nsignals) is guarded by
- * wake_mutex, taken only for a deadline earlier than the bucket's nearest.
+ * needs no lock.  The wake protocol is wake.c's, asked only for a deadline
+ * earlier than the bucket's nearest (or a list that wants a drain).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -63,8 +63,7 @@ static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
     }
     bk->length = kept;
     bk->reaped += removed;
-    uint32_t floor = 2 * tt->opt.drain_threshold;
-    bk->prune_at = 2 * kept > floor ? 2 * kept : floor;
+    bk->prune_at = bt__prune_at(tt, kept);
 }
 
 /* The steps of a schedule, each inlined into schedule() below. */
@@ -125,30 +124,6 @@ static inline uint32_t count_push_locked(bt_timer_thread *tt, struct bt__bucket 
     return len;
 }
 
-/* Rule 4, after the bucket lock is dropped, for a deadline earlier than
- * its bucket's nearest or a list that asks for a drain: signals the thread
- * only if the deadline is also earlier than the global nearest (or for the
- * drain); the futex wake itself happens outside every lock. */
-static inline void signal_thread(bt_timer_thread *tt, struct bt__bucket *bk, int64_t deadline,
-                                 int drain) {
-    int wake = 0;
-    pthread_mutex_lock(&tt->wake_mutex);
-    if (deadline < tt->nearest) {
-        tt->nearest = deadline;
-        wake = 1;
-    }
-    if (drain) {
-        tt->nearest = INT64_MIN; /* "collect now" */
-        wake = 1;
-    }
-    if (wake) atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&tt->wake_mutex);
-    if (wake) {
-        atomic_fetch_add_explicit(&bk->wakeups, 1, memory_order_relaxed);
-        bt__futex_wake(&tt->nsignals);
-    }
-}
-
 static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int native, void *arg,
                     uint64_t *out_id) {
     if (!tt || !out_id) return -EINVAL;
@@ -170,7 +145,10 @@ static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int nat
     if (tt->opt.manual_clock) {
         if (drain) bt__request_collect(tt);
     } else if (earlier || drain) {
-        signal_thread(tt, bk, deadline, drain);
+        /* Rule 4, the bucket lock dropped: wake.c wakes the thread only if
+         * the deadline is earlier than the global nearest too. */
+        if (bt__wake_for(tt, deadline, drain))
+            atomic_fetch_add_explicit(&bk->wakeups, 1, memory_order_relaxed);
     }
     return 0;
 }

@@ -17,7 +17,17 @@
 
 #include "bucketimer.h"
 
+/* Deadlines with a meaning of their own.  BT_NEVER: no timer, or one that
+ * never fires.  BT_COLLECT_NOW, as the global nearest (wake.c): "collect
+ * the lists at once".  A timer's deadline can be INT64_MIN too (a manual
+ * clock's bt_deadline_after, saturated); it is due at every clock reading,
+ * so read as a collect request it asks for what it needs.  BT_SOONEST: a
+ * deadline before any clock reading (bt_deadline_at's "as soon as
+ * possible"), yet above BT_COLLECT_NOW, and far enough from the int64
+ * limits that its difference with any clock reading stays in range. */
 #define BT_NEVER INT64_MAX
+#define BT_COLLECT_NOW INT64_MIN
+#define BT_SOONEST (INT64_MIN / 2)
 
 /* Slots live in blocks of BT_BLOCK_SLOTS; the directory has BT_MAX_BLOCKS
  * entries, so a core holds at most 2^26 (67 M) slots at once. */
@@ -220,6 +230,14 @@ struct bt_timer_thread {
     bt_port *orphans;
 };
 
+/* The length at which a bucket's list is pruned in place (rule 5), once it
+ * keeps `kept` live entries: twice that, and never below twice the drain
+ * threshold, so pruning costs O(1) per schedule amortised. */
+static inline uint32_t bt__prune_at(const bt_timer_thread *tt, uint32_t kept) {
+    uint32_t floor = 2 * tt->opt.drain_threshold;
+    return 2 * kept > floor ? 2 * kept : floor;
+}
+
 /* pool.c */
 int bt__pool_init(bt_timer_thread *tt);
 void bt__pool_destroy(bt_timer_thread *tt);
@@ -313,9 +331,6 @@ void bt__collect(bt_timer_thread *tt);
 /* bt__collect, then slots back to their buckets, then a sweep: at once
  * (sweep_now) or started for the thread to run in slices. */
 void bt__collect_lists(bt_timer_thread *tt, int sweep_now);
-/* Under wake_mutex: whether the lists must be collected at `now`; if so,
- * the request is taken. */
-int bt__collect_requested(bt_timer_thread *tt, int64_t now);
 /* One slice of a sweep in progress (budget SIZE_MAX: all of it). */
 void bt__sweep_some(bt_timer_thread *tt, size_t budget);
 /* Collects if asked, fires what is due at `now`; returns how many fired. */
@@ -329,8 +344,6 @@ const struct bt__heap_entry *bt__settle_top(bt_timer_thread *tt);
  * under each bucket's lock (a pending postpone counts at its target), or
  * BT_NEVER. */
 int64_t bt__lists_next_live(bt_timer_thread *tt);
-/* Asks for a collect pass (a full list, or enough cancels), from any thread. */
-void bt__request_collect(bt_timer_thread *tt);
 /* A cancelled slot, to its bucket at the end of the pass (ctx: the core). */
 void bt__reap(struct bt_timer *t, void *ctx);
 uint64_t bt__flush_reaped(bt_timer_thread *tt);
@@ -381,6 +394,28 @@ static inline int64_t bt__lateness(int64_t now, int64_t deadline) {
     uint64_t d = (uint64_t)deadline - (uint64_t)now;
     return d > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)d;
 }
+
+/* wake.c: the wake protocol (rule 4), everything under wake_mutex */
+/* Lowers the global nearest to `deadline` if it is earlier, or (collect)
+ * asks for a collect; wakes the thread if either happened.  1 if woken. */
+int bt__wake_for(bt_timer_thread *tt, int64_t deadline, int collect);
+/* Lowers the global nearest without a wake (the timer thread's own). */
+void bt__lower_nearest(bt_timer_thread *tt, int64_t deadline);
+/* Sets the stop flag and wakes the thread. */
+void bt__wake_to_stop(bt_timer_thread *tt);
+/* Asks for a collect pass (a full list, or enough cancels), from any
+ * thread; in manual-clock mode the caller collects. */
+void bt__request_collect(bt_timer_thread *tt);
+/* The thread, before a pass: 1 if stopped, else whether to collect. */
+int bt__begin_pass(bt_timer_thread *tt, int *do_collect);
+/* The thread, within a pass: whether a wake since the last look asks for a
+ * collect at `now` (brpc's pull_again; pass.c). */
+int bt__signalled_since(bt_timer_thread *tt, int64_t now);
+/* The thread: sleeps until `next` or the global nearest if earlier, or
+ * until a wake.  1 if stopped. */
+int bt__sleep_until(bt_timer_thread *tt, int64_t next);
+/* The global nearest deadline of the lists (a lower bound), or BT_NEVER. */
+int64_t bt__lists_nearest(bt_timer_thread *tt);
 
 /* futex.c */
 void bt__futex_wait(_Atomic uint32_t *addr, uint32_t expected, int64_t timeout_ns);

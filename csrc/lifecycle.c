@@ -137,7 +137,7 @@ static int init_state(bt_timer_thread *tt, const bt_options *opt) {
     for (uint32_t b = 0; b < tt->nbuckets; b++) {
         pthread_mutex_init(&tt->buckets[b].mutex, NULL);
         tt->buckets[b].nearest = BT_NEVER;
-        tt->buckets[b].prune_at = 2 * opt->drain_threshold;
+        tt->buckets[b].prune_at = bt__prune_at(tt, 0);
     }
     pthread_mutex_init(&tt->wake_mutex, NULL);
     pthread_mutex_init(&tt->advance_mutex, NULL);
@@ -214,10 +214,9 @@ static void fence_buckets(bt_timer_thread *tt) {
     }
 }
 
-/* Under stop_mutex, the core stopped: wakes the thread and joins it.  0,
- * or the join's error with the thread still counted as running. */
+/* Under stop_mutex, the core stopped (and its thread woken): joins it.
+ * 0, or the join's error with the thread still counted as running. */
 static int join_thread(bt_timer_thread *tt) {
-    bt__futex_wake(&tt->nsignals);
     int e = bt__fault(BT_FAULT_JOIN);
     if (!e) e = pthread_join(tt->thread, NULL);
     if (e) return -e;
@@ -235,10 +234,7 @@ static void wait_out_advance(bt_timer_thread *tt) {
 int bt_stop(bt_timer_thread *tt) {
     if (!tt) return -EINVAL;
     if (bt__forked(tt)) return 0;
-    pthread_mutex_lock(&tt->wake_mutex);
-    atomic_store(&tt->stop, 1);
-    atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&tt->wake_mutex);
+    bt__wake_to_stop(tt);
     if (bt__in_pass_of(tt)) { /* a callback, at any depth, of this core's pass */
         fence_buckets(tt);
         return 0;

@@ -6,7 +6,7 @@
  * Everything here runs on the timer thread, or in manual-clock mode under
  * advance_mutex: the heap, the reap chains and the ports' pass batches have
  * exactly one owner.  It takes bucket mutexes (to swap lists and give slots
- * back) and wake_mutex (to read the nearest deadline), never a lock a
+ * back) and, through wake.c, wake_mutex; never a lock a
  * consumer holds.
  */
 #define _GNU_SOURCE
@@ -64,9 +64,7 @@ static void give_back(bt_timer_thread *tt, uint32_t b, struct bt_timer *t) {
     bk->length += n;
     if (nearest < bk->nearest) bk->nearest = nearest;
     pthread_mutex_unlock(&bk->mutex);
-    pthread_mutex_lock(&tt->wake_mutex);
-    if (nearest < tt->nearest) tt->nearest = nearest;
-    pthread_mutex_unlock(&tt->wake_mutex);
+    bt__lower_nearest(tt, nearest);
 }
 
 /* Applies a postpone to t, which the pass holds (popped, or collected): its
@@ -117,7 +115,7 @@ void bt__collect(bt_timer_thread *tt) {
         bk->head = NULL;
         bk->length = 0;
         bk->nearest = BT_NEVER;
-        bk->prune_at = 2 * tt->opt.drain_threshold;
+        bk->prune_at = bt__prune_at(tt, 0);
     }
     for (uint32_t b = tt->nbuckets; b-- > 0;) pthread_mutex_unlock(&tt->buckets[b].mutex);
     /* Room for everything, outside the locks; if this fails, bt__heap_push
@@ -259,34 +257,16 @@ static void publish_posts(bt_timer_thread *tt, uint64_t *fired, uint64_t *posted
     flush_posts(tt);
 }
 
-/* Under wake_mutex: whether the bucket lists must be collected at `now`
- * (one of their deadlines is due, or a list asked for it); if so the request
- * is taken. */
-int bt__collect_requested(bt_timer_thread *tt, int64_t now) {
-    if (tt->nearest == INT64_MIN) bt__bump(&tt->drains, 1);
-    if (tt->nearest > now) return 0;
-    tt->nearest = BT_NEVER;
-    return 1;
-}
-
-/* brpc's pull_again.  A schedule that lowers the lists' nearest deadline
- * bumps nsignals; if that happened since the pass collected and the new
- * deadline is due at the pass's `now`, the caller collects the lists again,
- * so a timer due now does not wait behind the rest of a long batch (rule 7).
+/* brpc's pull_again is bt__signalled_since (wake.c).  A schedule that
+ * lowers the lists' nearest deadline bumps nsignals; if that happened since
+ * the pass collected and the new deadline is due at the pass's `now`, the
+ * caller collects the lists again, so a timer due now does not wait behind
+ * the rest of a long batch (rule 7).
  * Looked at every PULL_EVERY fires and after every native callback: a
  * relaxed load, and wake_mutex only when the counter moved.  (Manual-clock
  * schedules never bump it: bt_advance collects once per call.) */
 #define PULL_EVERY 64
 
-static int pull_again(bt_timer_thread *tt, int64_t now) {
-    uint32_t n = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
-    if (n == tt->signals_seen) return 0;
-    tt->signals_seen = n;
-    pthread_mutex_lock(&tt->wake_mutex);
-    int do_collect = bt__collect_requested(tt, now);
-    pthread_mutex_unlock(&tt->wake_mutex);
-    return do_collect;
-}
 
 /* What became of a timer popped because it is due. */
 enum claim { CLAIM_DEAD, CLAIM_MOVED, CLAIM_FIRED };
@@ -397,7 +377,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
             /* A callback that stopped the core: nothing more runs. */
             if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
             since_look = 0;
-            if (pull_again(tt, now)) bt__collect_lists(tt, 0);
+            if (bt__signalled_since(tt, now)) bt__collect_lists(tt, 0);
             continue;
         }
         stage_post(tt, t);
@@ -408,7 +388,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
              * schedulers with deadlines in the past keep it going: post what
              * is staged before taking more, and let bt_stop end it. */
             if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) break;
-            if (pull_again(tt, now)) {
+            if (bt__signalled_since(tt, now)) {
                 publish_posts(tt, &fired, &posted);
                 bt__collect_lists(tt, 0);
             }
@@ -428,23 +408,4 @@ uint64_t bt__one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t d
     return fired;
 }
 
-void bt__request_collect(bt_timer_thread *tt) {
-    if (!tt->opt.manual_clock) {
-        /* Ask the thread for a collect pass, as a full bucket list does. */
-        pthread_mutex_lock(&tt->wake_mutex);
-        tt->nearest = INT64_MIN;
-        atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
-        pthread_mutex_unlock(&tt->wake_mutex);
-        bt__futex_wake(&tt->nsignals);
-        return;
-    }
-    /* Manual-clock mode: the calling thread collects itself.  If a
-     * bt_advance is running (perhaps this very thread, in a native callback)
-     * it will collect anyway: never wait for it. */
-    if (pthread_mutex_trylock(&tt->advance_mutex) != 0) return;
-    bt__collect_lists(tt, 1);
-    bt__bump(&tt->drains, 1);
-    atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
-    pthread_mutex_unlock(&tt->advance_mutex);
-}
 

@@ -36,13 +36,10 @@ int64_t bt_time_ns(bt_timer_thread *tt) {
 }
 
 /* Beyond BT_SECONDS_RANGE (bucketimer.h): never, or (negative) as soon as
- * possible.  "As soon as possible" is INT64_MIN / 2: earlier than any clock
- * reading, yet not INT64_MIN, which as the timer thread's nearest deadline
- * means "collect now" (bucket.c, pass.c), and far enough from the int64
- * limits that its difference with any clock reading stays in range. */
+ * possible: BT_SOONEST (internal.h). */
 int64_t bt_deadline_at(double when) {
     if (when >= BT_SECONDS_RANGE) return BT_NEVER;
-    if (when <= -BT_SECONDS_RANGE) return INT64_MIN / 2;
+    if (when <= -BT_SECONDS_RANGE) return BT_SOONEST;
     return (int64_t)ceil(when * 1e9);
 }
 
@@ -79,19 +76,6 @@ static void leave_pass(struct bt__pass_frame *f) { bt__passes = f->outer; }
  * So a burst of schedules far in the future costs one wake, not one per
  * pass. */
 
-/* Under wake_mutex, once per iteration: 1 if stopped; else whether the
- * lists must be collected (*do_collect). */
-static int begin_pass(bt_timer_thread *tt, int *do_collect) {
-    pthread_mutex_lock(&tt->wake_mutex);
-    int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
-    if (!stop) {
-        *do_collect = bt__collect_requested(tt, bt_now_ns());
-        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
-    }
-    pthread_mutex_unlock(&tt->wake_mutex);
-    return stop;
-}
-
 /* Collects if asked, fires what is due, runs a slice of a sweep in
  * progress.  1 if more garbage work is waiting (no sleep before it). */
 static int run_pass(bt_timer_thread *tt, int do_collect) {
@@ -110,16 +94,7 @@ static int run_pass(bt_timer_thread *tt, int do_collect) {
  * counter and the wait makes the wait return at once.  1 if stopped. */
 static int sleep_until_due(bt_timer_thread *tt) {
     const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
-    int64_t next = top ? top->deadline : BT_NEVER;
-    pthread_mutex_lock(&tt->wake_mutex);
-    if (tt->nearest < next) next = tt->nearest;
-    uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
-    int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
-    pthread_mutex_unlock(&tt->wake_mutex);
-    if (stop) return 1;
-    int64_t now = bt_now_ns();
-    if (next > now) bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
-    return 0;
+    return bt__sleep_until(tt, top ? top->deadline : BT_NEVER);
 }
 
 void *bt__timer_thread_main(void *arg) {
@@ -133,7 +108,7 @@ void *bt__timer_thread_main(void *arg) {
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
     int do_collect = 0;
-    while (!begin_pass(tt, &do_collect)) {
+    while (!bt__begin_pass(tt, &do_collect)) {
         /* Garbage left: the next slice comes after another look at what is
          * due, without a sleep. */
         if (run_pass(tt, do_collect)) continue;
@@ -222,8 +197,5 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
         pthread_mutex_unlock(&tt->advance_mutex);
         return next;
     }
-    pthread_mutex_lock(&tt->wake_mutex);
-    next = tt->nearest;
-    pthread_mutex_unlock(&tt->wake_mutex);
-    return next;
+    return bt__lists_nearest(tt);
 }
