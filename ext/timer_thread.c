@@ -182,24 +182,43 @@ static PyObject *TimerThread_time(TimerThreadObject *Py_UNUSED(self), PyObject *
     return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
 }
 
+static int put_counter(PyObject *d, const char *name, uint64_t value) {
+    PyObject *v = PyLong_FromUnsignedLongLong(value);
+    if (!v) return -1;
+    int rc = PyDict_SetItemString(d, name, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* stats(): every counter of bt_stats (BT_STATS_COUNTERS), then the
+ * lateness histogram, as a dict (bucketimer.Stats). */
 static PyObject *TimerThread_stats(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->core) return PyDict_New();
     bt_stats s;
     Py_BEGIN_ALLOW_THREADS
     bt_get_stats(self->core, &s);
     Py_END_ALLOW_THREADS
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+#define PUT(name) if (put_counter(d, #name, s.name) < 0) goto fail;
+    BT_STATS_COUNTERS(PUT)
+#undef PUT
     PyObject *hist = PyList_New(BT_HIST_BUCKETS);
-    if (!hist) return NULL;
-    for (int i = 0; i < BT_HIST_BUCKETS; i++)
-        PyList_SET_ITEM(hist, i, PyLong_FromUnsignedLongLong(s.lateness_hist[i]));
-#define K(field) #field, (unsigned long long)s.field
-    return Py_BuildValue("{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsN}", K(scheduled),
-                         K(cancelled), K(postponed), K(fired), K(posted), K(ran), K(dropped),
-                         K(wakeups), K(passes), K(eventfd_writes), K(drains), K(sweeps),
-                         K(reaped), K(heap_size), K(list_size), K(dead), K(slots),
-                         K(slots_free), K(slots_retired), K(ports), K(buckets),
-                         K(early_fires), "lateness_hist", hist);
-#undef K
+    if (!hist) goto fail;
+    for (int i = 0; i < BT_HIST_BUCKETS; i++) {
+        PyObject *n = PyLong_FromUnsignedLongLong(s.lateness_hist[i]);
+        if (!n) {
+            Py_DECREF(hist);
+            goto fail;
+        }
+        PyList_SET_ITEM(hist, i, n);
+    }
+    int rc = PyDict_SetItemString(d, "lateness_hist", hist);
+    Py_DECREF(hist);
+    if (rc == 0) return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
 }
 
 static PyMethodDef TimerThread_methods[] = {

@@ -97,40 +97,39 @@ enum bt_cancel_result {
     BT_EARLIER = 3    /* bt_postpone: the deadline is earlier than the timer's */
 };
 
-/* Counters, summed on read.  Exact when the core is quiescent. */
+/* Counters, summed on read.  Exact when the core is quiescent.  Listed
+ * once, as an X-macro (X(name) each), which the struct below and the Python
+ * module's TimerThread.stats() are both written from.  At rest, scheduled ==
+ * ran + cancelled + dropped and slots_free + slots_retired == slots. */
+#define BT_STATS_COUNTERS(X)                                                   \
+    X(scheduled)      /* timers scheduled */                                   \
+    X(cancelled)      /* cancels that won (bt_drop_all's included) */          \
+    X(postponed)      /* postpones that won */                                 \
+    X(fired)          /* timers that became due and were run or posted */      \
+    X(posted)         /* of those, posted to a port */                         \
+    X(ran)            /* callbacks actually started (native + ports) */        \
+    X(dropped)        /* posted timers a consumer took without running them */ \
+    X(wakeups)        /* futex wakes issued by schedulers */                   \
+    X(passes)         /* timer thread passes */                                \
+    X(eventfd_writes) /* port signals actually written */                      \
+    X(drains)         /* bucket-list collects asked for by a list or cancels */\
+    X(sweeps)         /* heap sweeps of cancelled entries */                   \
+    X(reaped)         /* cancelled entries removed by the core */              \
+    X(heap_size)      /* entries in the heap now (live + dead) */              \
+    X(list_size)      /* entries waiting in bucket lists now */                \
+    X(dead)           /* cancelled entries not yet reaped */                   \
+    X(slots)          /* slots allocated (memory never shrinks) */             \
+    X(slots_free)     /* of those, free now */                                 \
+    X(slots_retired)  /* retired for good: generation wrapped (1 per 2^32) */  \
+    X(ports)          /* ports opened */                                       \
+    X(buckets)        /* the core's number of buckets */                       \
+    X(early_fires)    /* fires before their deadline (there are none) */
+
+#define BT_STATS_FIELD(name) uint64_t name;
 typedef struct bt_stats {
-    uint64_t scheduled;
-    uint64_t cancelled;       /* cancels that won */
-    uint64_t fired;           /* timers that became due and were run/posted */
-    uint64_t posted;          /* of those, posted to a port */
-    uint64_t ran;             /* callbacks actually started (native + ports) */
-    uint64_t wakeups;         /* futex wakes issued by schedulers */
-    uint64_t passes;          /* timer thread passes */
-    uint64_t eventfd_writes;  /* port signals actually written */
-    uint64_t drains;          /* bucket-list drains forced by the threshold */
-    uint64_t sweeps;          /* heap sweeps of cancelled entries */
-    uint64_t reaped;          /* cancelled entries removed by the core */
-    uint64_t heap_size;       /* entries in the heap now (live + dead) */
-    uint64_t list_size;       /* entries waiting in bucket lists now */
-    uint64_t dead;            /* cancelled entries not yet reaped */
-    uint64_t slots;           /* slots allocated (memory never shrinks) */
-    uint64_t slots_free;      /* of those, free now */
-    uint64_t ports;           /* ports opened */
-    /* lateness (fire time - deadline) histogram (see BT_HIST_BUCKETS);
-     * early fires would be counted in early_fires (there are none). */
+    BT_STATS_COUNTERS(BT_STATS_FIELD)
+    /* lateness (fire time - deadline) histogram (see BT_HIST_BUCKETS) */
     uint64_t lateness_hist[BT_HIST_BUCKETS];
-    uint64_t early_fires;
-    /* slots retired for good: their 32-bit generation came round again (one
-     * per 2^32 reuses of a slot).  Quiescent: slots_free + slots_retired ==
-     * slots. */
-    uint64_t slots_retired;
-    /* posted timers a consumer took without running them (bt_timer_take:
-     * their loop closed).  Every scheduled timer ends up counted once in
-     * ran, cancelled (bt_drop_all's included) or dropped: quiescent,
-     * scheduled == ran + cancelled + dropped. */
-    uint64_t dropped;
-    uint64_t buckets;         /* the core's number of buckets */
-    uint64_t postponed;       /* postpones that won */
 } bt_stats;
 
 /* ---- clock -------------------------------------------------------------- */

@@ -14,8 +14,12 @@ one module must be used only through that module.
 
 A cdef is the header itself, with its preprocessor lines and its
 ``#ifdef __cplusplus`` blocks removed.  The headers are written to be
-parseable this way (fixed-width types, no macros in prototypes, every
-preprocessor line stands alone).
+parseable this way (fixed-width types, no macros in prototypes).  One kind
+of macro is expanded here, because cffi cannot: a line that is only
+``LIST(ITEM)``, where ``LIST`` is an X-macro (``#define LIST(X) X(a) X(b)``,
+over continuation lines) and ``ITEM`` a one-line ``#define ITEM(name) ...``;
+it becomes ITEM's body for each name.  That is how ``bt_stats`` lists its
+counters once.
 
 The build (CMakeLists.txt) runs this file as a script::
 
@@ -54,6 +58,8 @@ _COMMENT_RE = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _IF_RE = re.compile(r"#\s*(if|ifdef|ifndef)\b")
 _ENDIF_RE = re.compile(r"#\s*endif\b")
 _CPLUSPLUS_RE = re.compile(r"#\s*ifdef\s+__cplusplus\b")
+_DEFINE_RE = re.compile(r"#\s*define\s+(\w+)\((\w+)\)\s*(.*)$", re.DOTALL)
+_USE_RE = re.compile(r"^\s*(\w+)\((\w+)\)\s*$")
 
 
 def _strip_comments(text: str) -> str:
@@ -62,11 +68,40 @@ def _strip_comments(text: str) -> str:
     return _COMMENT_RE.sub(lambda m: "\n" * m.group(0).count("\n") or " ", text)
 
 
+def _join_continuations(lines: list[str]) -> list[str]:
+    """Joins a line ending in a backslash with the next, leaving an empty
+    line in its place (so line numbers still match the header's)."""
+    out: list[str] = []
+    pending = ""
+    blanks = 0
+    for line in lines:
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            blanks += 1
+            continue
+        out.append(pending + line)
+        out.extend([""] * blanks)
+        pending, blanks = "", 0
+    return out
+
+
+def _expand_x_macro(line: str, macros: dict[str, tuple[str, str]]) -> str | None:
+    """``LIST(ITEM)`` expanded, or None if ``line`` is not one (module doc)."""
+    use = _USE_RE.match(line)
+    if not use or use[1] not in macros or use[2] not in macros:
+        return None
+    list_param, list_body = macros[use[1]]
+    item_param, item_body = macros[use[2]]
+    names = re.findall(rf"\b{list_param}\((\w+)\)", list_body)
+    return " ".join(re.sub(rf"\b{item_param}\b", name, item_body) for name in names)
+
+
 def header_to_cdef(text: str) -> str:
     """Returns the cdef text for the header source ``text``."""
     out: list[str] = []
     skip_depth = 0  # > 0 while inside an ``#ifdef __cplusplus`` block
-    for line in _strip_comments(text).splitlines():
+    macros: dict[str, tuple[str, str]] = {}  # name -> (parameter, body)
+    for line in _join_continuations(_strip_comments(text).splitlines()):
         stripped = line.strip()
         if skip_depth:
             if _IF_RE.match(stripped):
@@ -80,9 +115,13 @@ def header_to_cdef(text: str) -> str:
             out.append("")
             continue
         if stripped.startswith("#"):
+            define = _DEFINE_RE.match(stripped)
+            if define:
+                macros[define[1]] = (define[2], define[3])
             out.append("")
             continue
-        out.append(line)
+        expanded = _expand_x_macro(line, macros)
+        out.append(line if expanded is None else expanded)
     if skip_depth:
         raise ValueError("unterminated '#ifdef __cplusplus' block in header")
     return "\n".join(out) + "\n"
