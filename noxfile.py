@@ -34,19 +34,34 @@ DEBUG_PYTHONS = ["python3.14d", "python3.15d"]
 nox.options.sessions = ["tests", "ctest"]
 
 
+# The sdist falls back to the pure-Python package when the native build
+# fails (pyproject.toml); a session that tests the native backend must not
+# quietly test the pure one, so its install refuses that fallback, and its
+# pytest run checks which backend loaded (tests/conftest.py).
+NATIVE_BUILD = {"BUCKETIMER_NATIVE_REQUIRED": "1"}
+
+
+def _install(session: nox.Session, extras: str) -> None:
+    """The package with EXTRAS, its native core built or the install fails."""
+    session.install(f".[{extras}]", env=NATIVE_BUILD)
+
+
 def _pytest(session: nox.Session, env: dict[str, str] | None = None) -> None:
     """pytest over tests/; slow tests (e.g. 10 million live timers, ~3 GB)
     only with BUCKETIMER_SLOW_TESTS=1, which also selects the long
-    hypothesis profile."""
+    hypothesis profile.  The backend pytest must find loaded is the pure one
+    under BUCKETIMER_NO_EXTENSIONS, else the native one."""
     slow = os.environ.get("BUCKETIMER_SLOW_TESTS", "") not in ("", "0")
     marks = [] if slow else ["-m", "not slow"]
+    env = dict(env or {})
+    env["BUCKETIMER_EXPECT_BACKEND"] = "python" if env.get("BUCKETIMER_NO_EXTENSIONS") else "native"
     session.run("pytest", *marks, *session.posargs, env=env)
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Builds and installs the package, then runs the pytest suite."""
-    session.install(".[test]")
+    _install(session, "test")
     _pytest(session)
 
 
@@ -54,7 +69,7 @@ def tests(session: nox.Session) -> None:
 def tests_public(session: nox.Session) -> None:
     """The suite with BUCKETIMER_PUBLIC_API=1: no read of CPython's private
     state is used, so every public-API fallback is what runs."""
-    session.install(".[test]")
+    _install(session, "test")
     _pytest(session, env={"BUCKETIMER_PUBLIC_API": "1"})
 
 
@@ -70,7 +85,7 @@ def tests_pure(session: nox.Session) -> None:
 @nox.session(name="tests-debug", python=DEBUG_PYTHONS)
 def tests_debug(session: nox.Session) -> None:
     """The suite under a Py_DEBUG interpreter (cffi builds from source)."""
-    session.install(".[test-core]")
+    _install(session, "test-core")
     _pytest(session)
 
 
@@ -135,6 +150,7 @@ def sanitize(session: nox.Session) -> None:
         "-v",
         ".[test]",
         env={
+            **NATIVE_BUILD,
             "BUCKETIMER_SANITIZE": "address",
             # Keep the core's assert()s in this Release build.
             "CMAKE_ARGS": "-DBUCKETIMER_ASSERTS=ON",
@@ -157,6 +173,7 @@ def sanitize(session: nox.Session) -> None:
             # CPython itself "leaks" by design at exit.
             "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
             "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+            "BUCKETIMER_EXPECT_BACKEND": "native",
         },
     )
 
@@ -215,6 +232,7 @@ def asan(session: nox.Session) -> None:
         env={
             "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",
             "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+            "BUCKETIMER_EXPECT_BACKEND": "native",
         },
     )
 
@@ -226,7 +244,7 @@ def soak(session: nox.Session) -> None:
 
     Longer: ``nox -s soak -- --minutes 30`` (or BUCKETIMER_SOAK_SECONDS).
     """
-    session.install(".[cffi]")  # the soak drives a core through bucketimer._cffi
+    _install(session, "cffi")  # the soak drives a core through bucketimer._cffi
     session.run("python", "tests/soak.py", *session.posargs)
 
 
@@ -235,7 +253,7 @@ def bench(session: nox.Session) -> None:
     """pytest-benchmark benchmarks (benchmarks/).  ``-- --check`` runs each
     benchmark's body once, untimed, with the long workloads shrunk: that the
     benchmarks still work (CI runs it)."""
-    session.install(".[bench,test]")
+    _install(session, "bench,test")
     args = list(session.posargs)
     env = {}
     if "--check" in args:
@@ -284,7 +302,7 @@ def notebook(session: nox.Session) -> None:
     in seconds, leaving the notebook and the figures as they are."""
     if not (ROOT / NOTEBOOK).exists():
         session.skip(f"{NOTEBOOK} does not exist")
-    session.install(".[bench,docs]")
+    _install(session, "bench,docs")
     if "--check" not in session.posargs:
         session.run("python", "-c", _EXECUTE_NOTEBOOK, NOTEBOOK)
         return

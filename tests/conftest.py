@@ -69,6 +69,17 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"hypothesis profile: {_profile_name()}; bucketimer backend: {bucketimer.backend}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """BUCKETIMER_EXPECT_BACKEND (set by noxfile.py): the backend this run
+    must test.  A native build that failed falls back to the pure package
+    (pyproject.toml), and the native suite must not then pass on it."""
+    expected = os.environ.get("BUCKETIMER_EXPECT_BACKEND")
+    if expected and bucketimer.backend != expected:
+        raise pytest.UsageError(
+            f"bucketimer.backend is {bucketimer.backend!r}, this run expects {expected!r}"
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """One suite, both backends: tests marked ``native`` test what only the
     native backend has (the C core through ``_cffi``, its counters, compat
