@@ -8,6 +8,8 @@
  * (docs/design.rst, "Ownership of a Handle").  A Handle's fields are touched
  * only with the GIL held; against the timer thread, the core's CAS on the
  * slot's state word (not a lock) decides between a cancel and a fire.
+ * Only this file changes a Handle once made: the port's drain runs it
+ * (handle_run), a Timeout moves it (handle_postpone), close drops it.
  */
 #include "module.h"
 
@@ -32,7 +34,7 @@ static HandleObject *handle_alloc(core_state *st) {
 
 HandleObject *handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags) {
-    HandleObject *h = handle_alloc(tt->state);
+    HandleObject *h = handle_alloc(tt->st);
     if (!h) {
         Py_DECREF(port);
         return NULL;
@@ -198,6 +200,72 @@ PyType_Spec Handle_spec = {
              Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .slots = Handle_slots,
 };
+
+/* ---- what the rest of the module does to a Handle ------------------------- */
+
+static inline int is_exit(void) {
+    return PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
+           PyErr_ExceptionMatches(PyExc_SystemExit);
+}
+
+/* The callback, in its context (a Timeout's expiry has none: see
+ * handle_new).  Its result, or NULL with its exception set. */
+static PyObject *call_in_context(HandleObject *h, PyObject *cb, PyObject *args, PyObject *ctx) {
+    if (ctx && PyContext_Enter(ctx) < 0) return NULL;
+    PyObject *res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
+    if (ctx) {
+        PyObject *exc = res ? NULL : PyErr_GetRaisedException();
+        PyContext_Exit(ctx);
+        if (exc) PyErr_SetRaisedException(exc);
+    }
+    return res;
+}
+
+/* The callback raised (the current exception): on_error(handle, exc), or
+ * sys.unraisablehook.  -1 with the exception set if it must propagate. */
+static int report(HandleObject *h, PyObject *on_error, PyObject *cb, PyObject *args) {
+    if (is_exit()) return -1; /* out of the loop, as asyncio lets them */
+    PyObject *exc = PyErr_GetRaisedException();
+    int rc = 0;
+    /* The handle shows its callback while being reported. */
+    h->callback = Py_NewRef(cb);
+    h->args = Py_NewRef(args);
+    if (on_error && on_error != Py_None) {
+        PyObject *r = PyObject_CallFunctionObjArgs(on_error, (PyObject *)h, exc, NULL);
+        if (r) Py_DECREF(r);
+        else if (is_exit()) rc = -1;
+        else PyErr_WriteUnraisable(on_error);
+    } else {
+        PyErr_SetRaisedException(Py_NewRef(exc));
+        PyErr_WriteUnraisable(cb);
+    }
+    Py_DECREF(exc);
+    Py_CLEAR(h->callback);
+    Py_CLEAR(h->args);
+    return rc;
+}
+
+int handle_run(HandleObject *h, PyObject *on_error, int drop) {
+    PyObject *cb = h->callback, *args = h->args, *ctx = h->context;
+    h->callback = h->args = h->context = NULL;
+    atomic_store_explicit(&h->state, drop ? H_DROPPED : H_RAN, memory_order_release);
+    int rc = 0;
+    if (!drop && cb) {
+        PyObject *res = call_in_context(h, cb, args, ctx);
+        if (res) Py_DECREF(res);
+        else rc = report(h, on_error, cb, args);
+    }
+    Py_XDECREF(cb);
+    Py_XDECREF(args);
+    Py_XDECREF(ctx);
+    return rc;
+}
+
+int handle_postpone(HandleObject *h, double when) {
+    if (bt_postpone(h->tt->core, h->id, bt_deadline_at(when)) != BT_POSTPONED) return 0;
+    h->when = when;
+    return 1;
+}
 
 void drop_handle(void *ctx, bt_port *port, void *payload) {
     (void)ctx;

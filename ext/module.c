@@ -18,11 +18,19 @@ static PyObject *core_monotonic_ns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(i
     return PyLong_FromLongLong(bt_now_ns());
 }
 
-static PyObject *core_set_default_factory(PyObject *m, PyObject *fn) {
+static PyObject *core_set_default_class(PyObject *m, PyObject *cls) {
     core_state *st = get_state(m);
-    Py_XSETREF(st->default_factory, Py_NewRef(fn));
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, st->TimerThread_Type)) {
+        PyErr_SetString(PyExc_TypeError, "the default class must subclass TimerThread");
+        return NULL;
+    }
+    Py_XSETREF(st->default_class, Py_NewRef(cls));
     Py_CLEAR(st->default_tt);
     Py_RETURN_NONE;
+}
+
+static PyObject *core_default_timer_thread(PyObject *m, PyObject *Py_UNUSED(ignored)) {
+    return Py_XNewRef((PyObject *)default_tt(get_state(m)));
 }
 
 static PyObject *core_compat_status(PyObject *m, PyObject *Py_UNUSED(ignored)) {
@@ -36,7 +44,10 @@ static PyMethodDef core_functions[] = {
     {"timeout_at", core_timeout_at, METH_O,
      "timeout_at(when) -> Timeout\n\nasyncio.timeout_at(when), with the timer in bucketimer's "
      "core."},
-    {"_set_default_factory", core_set_default_factory, METH_O, NULL},
+    {"default_timer_thread", core_default_timer_thread, METH_NOARGS,
+     "default_timer_thread() -> TimerThread\n\nThe process-wide TimerThread, created on first "
+     "use (and anew once closed, or after fork())."},
+    {"_set_default_class", core_set_default_class, METH_O, NULL},
     {"_compat_status", core_compat_status, METH_NOARGS,
      "Which reads of CPython's private state are in use (docs/design.rst)."},
 #if PY_VERSION_HEX >= 0x030C0000
@@ -85,8 +96,11 @@ static int import_asyncio(core_state *st) {
     st->stock_time = PyObject_GetAttr(bel, st->str_time);
     Py_DECREF(bel);
     st->CancelledError = bt_import_attr("asyncio.exceptions", "CancelledError");
+    st->AbstractEventLoop = bt_import_attr("asyncio.events", "AbstractEventLoop");
     st->ExceptionGroup = bt_import_attr("builtins", "ExceptionGroup");
-    return st->stock_time && st->CancelledError && st->ExceptionGroup ? 0 : -1;
+    return st->stock_time && st->CancelledError && st->AbstractEventLoop && st->ExceptionGroup
+               ? 0
+               : -1;
 }
 
 static int intern_names(core_state *st) {

@@ -64,12 +64,15 @@ typedef struct {
     PyObject *CancelledError;
     PyObject *ExceptionGroup;
     PyObject *stock_time;      /* asyncio.BaseEventLoop.time */
+    PyObject *AbstractEventLoop; /* what loop= must be an instance of */
     /* bucketimer's Python side, registered when bucketimer is imported */
-    PyObject *default_factory;      /* bucketimer.default_timer_thread */
+    PyObject *default_class;        /* bucketimer.TimerThread */
     PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive (3.12+) */
-    /* caches, written with the GIL held */
-    PyObject *default_tt;            /* what default_factory last returned */
-    PyTypeObject *time_checked_type; /* the last loop type looked at (only compared) */
+    /* the process default TimerThread (timer_thread.c owns it), and a
+     * cache; both written with the GIL held */
+    PyObject *default_tt;
+    /* the last loop type looked at (only compared) */
+    PyTypeObject *time_checked_type;
     int time_checked_is_stock;       /* ... and whether it has the stock time() */
     /* free lists (freelist.h) and their storage */
     bt_freelist handles, timeouts, steps;
@@ -77,7 +80,7 @@ typedef struct {
     PyObject *timeout_store[TIMEOUT_FREELIST];
     PyObject *step_store[STEP_FREELIST];
     /* interned names */
-    PyObject *str_port_for, *str_time, *str_call_soon, *str_cancel, *str_cancelling;
+    PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_cancel, *str_cancelling;
     PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions;
 } core_state;
 
@@ -88,9 +91,9 @@ typedef struct {
     X(Step_Type) X(WaitFor_Type)
 #define CORE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
-    X(default_factory) X(wait_for_nonpositive) X(default_tt)
+    X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt)
 #define CORE_NAMES(X)                                                                  \
-    X(str_port_for, "_port_for") X(str_time, "time") X(str_call_soon, "call_soon")      \
+    X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time") X(str_call_soon, "call_soon")      \
     X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
     X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")
 
@@ -142,12 +145,15 @@ typedef struct {
 struct TimerThreadObject {
     PyObject_HEAD
     bt_timer_thread *core;
-    core_state *state;
-    /* Last (loop -> port) resolved, so a loop's timers skip the dict.
-     * Only used with the GIL: free-threaded builds always call _port_for. */
+    core_state *st;
+    /* Where timers go (timer_thread.c, port_for, owns all three): the
+     * port of each loop served, the dispatcher's (loop None), and the last
+     * (loop, port) looked up, so a loop's timers skip the dict.  The cache
+     * is only used with the GIL. */
+    PyObject *ports;        /* dict: loop -> Port */
+    PortObject *dispatcher; /* NULL until first needed */
     PyObject *cached_loop;
     PortObject *cached_port;
-    PortObject *dispatcher; /* the port of loop None, once created */
     int closed;
     /* A close() whose join failed: the core is stopped (nothing runs, nothing
      * can be scheduled) but its thread lives and its timers are kept; the
@@ -155,7 +161,7 @@ struct TimerThreadObject {
     int stop_failed;
     PyObject *weakreflist;
 };
-#define TIMERTHREAD_REFS(X) X(cached_loop) X(cached_port) X(dispatcher)
+#define TIMERTHREAD_REFS(X) X(ports) X(dispatcher) X(cached_loop) X(cached_port)
 
 
 enum { T_CREATED, T_ENTERED, T_EXPIRING, T_EXPIRED, T_EXITED };
@@ -191,8 +197,6 @@ int to_seconds(PyObject *o, const char *what, double *out);
  * not NULL, loop=. */
 int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                         int absolute, PyObject **loop, PyObject **context);
-/* The port of `loop` (None: the dispatcher), a new reference. */
-PortObject *port_for(TimerThreadObject *self, PyObject *loop);
 #define SCHED_COMPAT 1  /* asyncio.TimerHandle semantics */
 #define SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
 /* The common tail of every way to schedule: `t` is a parsed delay or
@@ -204,6 +208,8 @@ PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyO
 
 /* timer_thread.c */
 int check_open(TimerThreadObject *self);
+/* The port of `loop` (None: the dispatcher), a new reference. */
+PortObject *port_for(TimerThreadObject *self, PyObject *loop);
 /* The process default TimerThread (borrowed), made anew once closed. */
 TimerThreadObject *default_tt(core_state *st);
 
@@ -218,9 +224,20 @@ void handle_abandon(HandleObject *h);
 void handle_release_callback(HandleObject *self);
 int handle_cancel(HandleObject *self);
 void drop_handle(void *ctx, bt_port *port, void *payload);
+/* Runs (drop: releases unrun) a handle its port's drain claimed, its
+ * callback in its context; an exception goes to on_error(handle, exc) or
+ * sys.unraisablehook.  -1 with an exception only for what must propagate
+ * (KeyboardInterrupt, SystemExit, a failing on_error). */
+int handle_run(HandleObject *h, PyObject *on_error, int drop);
+/* Moves a pending handle's timer to the later deadline `when` (seconds):
+ * 1 if the core moved it, 0 if not (it is no longer pending, or earlier). */
+int handle_postpone(HandleObject *h, double when);
 
 /* port.c */
 PortObject *port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop);
+/* Detaches the port and cancels every timer still bound to it: a port whose
+ * loop is gone, or that was refused.  -1 with an exception. */
+int port_release(PortObject *self);
 
 /* scheduler.c */
 PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args);

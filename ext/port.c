@@ -3,9 +3,9 @@
  * event loop (its eventfd is registered with loop.add_reader) and one for the
  * dispatcher thread.  drain() acks the eventfd, takes the posted timers and,
  * right before calling each, claims it (POSTED -> RUNNING), so a cancel that
- * lands while it waits still wins.  Runs with the GIL, in the loop's (or the
- * dispatcher's) thread only; detach() closes the fd and releases what is
- * queued unrun (docs/design.rst, "Delivery" and rule 11).  The `draining`
+ * lands while it waits still wins (handle.c runs it).  Runs with the GIL,
+ * in the loop's (or the dispatcher's) thread only; detach() closes the fd
+ * and releases what is queued unrun (docs/design.rst, "Delivery" and rule 11).  The `draining`
  * flag keeps a second drain out while one runs (a callback's, or another
  * thread's detach while a callback has let the GIL go).
  */
@@ -27,67 +27,6 @@ static void Port_dealloc(PortObject *self) {
     Py_DECREF(tp);
 }
 
-static inline int is_exit(void) {
-    return PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) ||
-           PyErr_ExceptionMatches(PyExc_SystemExit);
-}
-
-/* The callback, in its context (a Timeout's expiry has none: see
- * handle_new).  Its result, or NULL with its exception set. */
-static PyObject *call_in_context(HandleObject *h, PyObject *cb, PyObject *args, PyObject *ctx) {
-    if (ctx && PyContext_Enter(ctx) < 0) return NULL;
-    PyObject *res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
-    if (ctx) {
-        PyObject *exc = res ? NULL : PyErr_GetRaisedException();
-        PyContext_Exit(ctx);
-        if (exc) PyErr_SetRaisedException(exc);
-    }
-    return res;
-}
-
-/* The callback raised (the current exception): on_error(handle, exc), or
- * sys.unraisablehook.  -1 with the exception set if it must propagate. */
-static int report(PortObject *self, HandleObject *h, PyObject *cb, PyObject *args) {
-    if (is_exit()) return -1; /* out of the loop, as asyncio lets them */
-    PyObject *exc = PyErr_GetRaisedException();
-    int rc = 0;
-    /* The handle shows its callback while being reported. */
-    h->callback = Py_NewRef(cb);
-    h->args = Py_NewRef(args);
-    if (self->on_error && self->on_error != Py_None) {
-        PyObject *r = PyObject_CallFunctionObjArgs(self->on_error, (PyObject *)h, exc, NULL);
-        if (r) Py_DECREF(r);
-        else if (is_exit()) rc = -1;
-        else PyErr_WriteUnraisable(self->on_error);
-    } else {
-        PyErr_SetRaisedException(Py_NewRef(exc));
-        PyErr_WriteUnraisable(cb);
-    }
-    Py_DECREF(exc);
-    Py_CLEAR(h->callback);
-    Py_CLEAR(h->args);
-    return rc;
-}
-
-/* Runs (or, in drop mode, releases) one claimed handle.  Returns -1 with an
- * exception set only for exceptions that must propagate (KeyboardInterrupt,
- * SystemExit, or a failing error handler). */
-static int run_handle(PortObject *self, HandleObject *h, int drop) {
-    PyObject *cb = h->callback, *args = h->args, *ctx = h->context;
-    h->callback = h->args = h->context = NULL;
-    atomic_store_explicit(&h->state, drop ? H_DROPPED : H_RAN, memory_order_release);
-    int rc = 0;
-    if (!drop && cb) {
-        PyObject *res = call_in_context(h, cb, args, ctx);
-        if (res) Py_DECREF(res);
-        else rc = report(self, h, cb, args);
-    }
-    Py_XDECREF(cb);
-    Py_XDECREF(args);
-    Py_XDECREF(ctx);
-    return rc;
-}
-
 /* Runs every timer posted to this port.  The eventfd is acked first; a
  * timer cancelled after it was posted is released without running (its
  * cancel() already dropped the slot's reference).  If a callback raises
@@ -107,7 +46,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
         }
         /* The slot's reference to h is ours now. */
         bt_timer_release(self->port, t);
-        int rc = run_handle(self, h, drop);
+        int rc = handle_run(h, self->on_error, drop);
         Py_DECREF(h);
         ran++;
         if (rc < 0) {
@@ -153,12 +92,17 @@ static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
     PyObject *r = Port_drain_impl(self, 1);
     if (!r) return NULL;
     Py_DECREF(r);
-    TimerThreadObject *tt = self->tt;
-    if (tt && tt->cached_port == self) {
-        Py_CLEAR(tt->cached_loop);
-        Py_CLEAR(tt->cached_port);
-    }
     Py_RETURN_NONE;
+}
+
+int port_release(PortObject *self) {
+    PyObject *r = Port_detach(self, NULL);
+    if (!r) return -1;
+    Py_DECREF(r);
+    r = Port_cancel_pending(self, NULL);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
 }
 
 static PyObject *Port_get_loop(PortObject *self, void *Py_UNUSED(c)) {
@@ -206,7 +150,7 @@ PyType_Spec Port_spec = {
 };
 
 PortObject *port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop) {
-    PortObject *self = PyObject_GC_New(PortObject, tt->state->Port_Type);
+    PortObject *self = PyObject_GC_New(PortObject, tt->st->Port_Type);
     if (!self) return NULL;
     self->port = p;
     self->tt = (TimerThreadObject *)Py_NewRef(tt);

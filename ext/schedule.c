@@ -2,8 +2,8 @@
  * schedule.c -- what every way of scheduling from Python shares
  * (TimerThread.call_later/call_at, the drop-in loop's schedulers, a
  * Timeout's expiry): the arguments, the time, the loop's port, and the
- * Handle handed to the core.  Runs on the caller's thread with the GIL
- * held, which guards what it writes (a TimerThread's loop -> port cache);
+ * Handle handed to the core (the loop's port is timer_thread.c's
+ * port_for).  Runs on the caller's thread with the GIL held;
  * bt_schedule_port takes its bucket's lock inside the core, GIL held.
  */
 #include "module.h"
@@ -93,35 +93,6 @@ int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
         }
     }
     return 0;
-}
-
-/* ---- where it goes ------------------------------------------------------------- */
-
-/* Finds the port for `loop` (None: the dispatcher).  New reference: once
- * the GIL is let go (an allocation can run a finalizer), another thread may
- * detach the loop's port and drop every other reference to it. */
-PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
-#ifndef Py_GIL_DISABLED
-    if (loop == self->cached_loop && self->cached_port && bt_port_fd(self->cached_port->port) >= 0)
-        return (PortObject *)Py_NewRef(self->cached_port);
-    if (loop == Py_None && self->dispatcher) return (PortObject *)Py_NewRef(self->dispatcher);
-#endif
-    PyObject *p = PyObject_CallMethodOneArg((PyObject *)self, self->state->str_port_for, loop);
-    if (!p) return NULL;
-    if (!Py_IS_TYPE(p, self->state->Port_Type) || ((PortObject *)p)->tt != self) {
-        Py_DECREF(p);
-        PyErr_SetString(PyExc_TypeError, "_port_for must return a Port of this TimerThread");
-        return NULL;
-    }
-#ifndef Py_GIL_DISABLED
-    if (loop == Py_None) {
-        Py_XSETREF(self->dispatcher, (PortObject *)Py_NewRef(p));
-    } else {
-        Py_XSETREF(self->cached_loop, Py_NewRef(loop));
-        Py_XSETREF(self->cached_port, (PortObject *)Py_NewRef(p));
-    }
-#endif
-    return (PortObject *)p;
 }
 
 /* ---- the hand-over ------------------------------------------------------------- */

@@ -70,8 +70,8 @@ PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args) {
     PyObject *loop;
     int absolute;
     if (!PyArg_ParseTuple(args, "Op:_scheduler", &loop, &absolute)) return NULL;
-    if (!self->state) return raise_errno(-EINVAL, "_scheduler");
-    SchedulerObject *o = PyObject_GC_New(SchedulerObject, self->state->Scheduler_Type);
+    if (!self->st) return raise_errno(-EINVAL, "_scheduler");
+    SchedulerObject *o = PyObject_GC_New(SchedulerObject, self->st->Scheduler_Type);
     if (!o) return NULL;
     o->vectorcall = (vectorcallfunc)Scheduler_vectorcall;
     o->tt = (TimerThreadObject *)Py_NewRef(self);

@@ -193,9 +193,7 @@ static int timeout_postpone(TimeoutObject *self, PyObject *when) {
     Py_DECREF(loop);
     if (past < 0) return -1;
     if (!ours || past || isnan(t)) return 0;
-    if (bt_postpone(h->tt->core, h->id, bt_deadline_at(t)) != BT_POSTPONED) return 0;
-    h->when = t;
-    return 1;
+    return handle_postpone(h, t);
 }
 
 static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {

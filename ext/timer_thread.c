@@ -1,8 +1,10 @@
 /*
  * timer_thread.c -- bucketimer._core.TimerThread: one bt_timer_thread, its
- * lifetime (init, close, dealloc), call_later/call_at, ports and counters.
- * bucketimer.TimerThread (_timers.py) subclasses it for what happens once
- * per loop; the process default lives in the module state.  Its fields are
+ * lifetime (init, close, dealloc), call_later/call_at, counters, where its
+ * timers go (the port of each loop, and the dispatcher's: this file alone
+ * opens, records and forgets them), and the process default TimerThread.
+ * bucketimer.TimerThread (_timers.py) subclasses it to connect a new port
+ * to its consumer (_attach: the loop's reader, the dispatcher thread).  Its fields are
  * touched with the GIL held; the one place in the module that lets the GIL
  * go is here, Py_BEGIN_ALLOW_THREADS around bt_create, bt_stop (it joins
  * the timer thread), bt_destroy and bt_get_stats; bt_drop_all's drop_handle
@@ -32,7 +34,9 @@ static int TimerThread_init(TimerThreadObject *self, PyObject *args, PyObject *k
     }
     PyObject *module = PyType_GetModuleByDef(Py_TYPE(self), &core_module);
     if (!module) return -1;
-    self->state = get_state(module);
+    self->st = get_state(module);
+    self->ports = PyDict_New();
+    if (!self->ports) return -1;
     bt_options opt;
     bt_options_init(&opt);
     opt.num_buckets = buckets;
@@ -120,6 +124,164 @@ int check_open(TimerThreadObject *self) {
 }
 
 
+/* ---- where timers go ------------------------------------------------------
+ * A loop's port is opened the first time a timer goes to that loop, recorded
+ * in `ports`, then handed to the subclass's _attach, which connects it to
+ * the loop (its reader, its close); the dispatcher's port, likewise, once.
+ * Only _forget (a loop closing) and a refused _attach take a record away.
+ * All of it runs with the GIL held; an allocation or the hook may let it go,
+ * so a record is made with setdefault and the first one stays. */
+
+static inline int port_is_open(PortObject *p) { return bt_port_fd(p->port) >= 0; }
+
+static int check_loop(core_state *st, PyObject *loop) {
+    int ok = PyObject_IsInstance(loop, st->AbstractEventLoop);
+    if (ok == 0)
+        PyErr_Format(PyExc_TypeError, "loop must be an asyncio event loop or None, not %.100s",
+                     Py_TYPE(loop)->tp_name);
+    return ok == 1 ? 0 : -1;
+}
+
+/* 1 if `loop` is closed, 0 if not, -1 with an exception. */
+static int loop_is_closed(core_state *st, PyObject *loop) {
+    PyObject *r = PyObject_CallMethodNoArgs(loop, st->str_is_closed);
+    if (!r) return -1;
+    int closed = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return closed;
+}
+
+/* Takes away the record of loop's port (the dispatcher's, for None) and
+ * the cache's: the port (a new reference), NULL if none, or NULL with an
+ * exception. */
+static PortObject *forget(TimerThreadObject *self, PyObject *loop) {
+    if (loop == self->cached_loop) {
+        Py_CLEAR(self->cached_loop);
+        Py_CLEAR(self->cached_port);
+    }
+    if (loop == Py_None) {
+        PortObject *d = self->dispatcher;
+        self->dispatcher = NULL;
+        return d;
+    }
+    PyObject *p = PyDict_GetItemWithError(self->ports, loop);
+    if (!p) return NULL;
+    Py_INCREF(p);
+    if (PyDict_DelItem(self->ports, loop) < 0) Py_CLEAR(p);
+    return (PortObject *)p;
+}
+
+/* Forgets loop's port and releases it if it is still `port`. */
+static void forget_and_release(TimerThreadObject *self, PyObject *loop, PortObject *port) {
+    PyObject *exc = PyErr_GetRaisedException();
+    PortObject *p = forget(self, loop);
+    if (p == port && port_release(p) < 0) PyErr_WriteUnraisable((PyObject *)self);
+    if (!p && PyErr_Occurred()) PyErr_WriteUnraisable((PyObject *)self);
+    Py_XDECREF(p);
+    PyErr_SetRaisedException(exc);
+}
+
+/* Records `fresh` as loop's port unless another thread recorded one first:
+ * the recorded one, a new reference. */
+static PortObject *record(TimerThreadObject *self, PyObject *loop, PortObject *fresh) {
+    if (loop == Py_None) {
+        if (!self->dispatcher) self->dispatcher = (PortObject *)Py_NewRef(fresh);
+        return (PortObject *)Py_NewRef(self->dispatcher);
+    }
+    PyObject *p = PyDict_SetDefault(self->ports, loop, (PyObject *)fresh);
+    return p ? (PortObject *)Py_NewRef(p) : NULL;
+}
+
+/* A new port for `loop`, recorded and attached. */
+static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
+    bt_port *bp;
+    int rc = bt_port_open(self->core, 1, &bp);
+    if (rc) return (PortObject *)raise_errno(rc, "bt_port_open");
+    PortObject *fresh = port_new(self, bp, loop, 0);
+    if (!fresh) return NULL; /* bp is the core's, freed with it */
+    PortObject *port = record(self, loop, fresh);
+    if (port != fresh) { /* lost the race (or failed): fresh was never used */
+        if (port_release(fresh) < 0) PyErr_WriteUnraisable((PyObject *)self);
+        Py_DECREF(fresh);
+        return port;
+    }
+    Py_DECREF(fresh);
+    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, self->st->str_attach, loop,
+                                             (PyObject *)port, NULL);
+    if (!r) { /* refused: the hook's exception stands */
+        forget_and_release(self, loop, port);
+        Py_DECREF(port);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return port;
+}
+
+/* The port of `loop` (None: the dispatcher's), a new reference: once the
+ * GIL is let go, another thread may forget it and drop every other
+ * reference to it. */
+PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
+#ifndef Py_GIL_DISABLED
+    if (loop == self->cached_loop && port_is_open(self->cached_port))
+        return (PortObject *)Py_NewRef(self->cached_port);
+#endif
+    if (loop == Py_None)
+        return self->dispatcher ? (PortObject *)Py_NewRef(self->dispatcher)
+                                : open_port(self, loop);
+    if (check_loop(self->st, loop) < 0) return NULL;
+    PyObject *known = PyDict_GetItemWithError(self->ports, loop);
+    if (!known && PyErr_Occurred()) return NULL;
+    PortObject *port = (PortObject *)Py_XNewRef(known);
+    int closed = loop_is_closed(self->st, loop);
+    if (closed) { /* a loop that closed without its close hook running */
+        if (port) forget_and_release(self, loop, port);
+        if (closed > 0)
+            PyErr_SetString(PyExc_RuntimeError, "cannot schedule on a closed event loop");
+        Py_XDECREF(port);
+        return NULL;
+    }
+    if (port && !port_is_open(port)) { /* detached behind our back: a new one */
+        forget_and_release(self, loop, port);
+        Py_CLEAR(port);
+    }
+    if (!port && !(port = open_port(self, loop))) return NULL;
+#ifndef Py_GIL_DISABLED
+    Py_XSETREF(self->cached_loop, Py_NewRef(loop));
+    Py_XSETREF(self->cached_port, (PortObject *)Py_NewRef(port));
+#endif
+    return port;
+}
+
+static PyObject *TimerThread_port(TimerThreadObject *self, PyObject *loop) {
+    if (check_open(self) < 0) return NULL;
+    return (PyObject *)port_for(self, loop);
+}
+
+static PyObject *TimerThread_forget(TimerThreadObject *self, PyObject *loop) {
+    if (!self->ports) Py_RETURN_NONE;
+    PortObject *p = forget(self, loop);
+    if (!p && PyErr_Occurred()) return NULL;
+    return p ? (PyObject *)p : Py_NewRef(Py_None);
+}
+
+static PyObject *TimerThread_attach(TimerThreadObject *self, PyObject *const *args,
+                                    Py_ssize_t nargs) {
+    (void)args;
+    (void)nargs;
+    PyErr_Format(PyExc_NotImplementedError,
+                 "%.100s cannot connect a port to its loop: use bucketimer.TimerThread",
+                 Py_TYPE(self)->tp_name);
+    return NULL;
+}
+
+static PyObject *TimerThread_get_ports(TimerThreadObject *self, void *Py_UNUSED(c)) {
+    return self->ports ? PyDict_Copy(self->ports) : PyDict_New();
+}
+
+static PyObject *TimerThread_get_dispatcher(TimerThreadObject *self, void *Py_UNUSED(c)) {
+    return Py_NewRef(self->dispatcher ? (PyObject *)self->dispatcher : Py_None);
+}
+
 /* call_later(delay, callback, *args, loop=None, context=None) and call_at. */
 static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames, int absolute) {
@@ -131,7 +293,7 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
     /* Where it will be delivered. */
     PyObject *resolved = NULL;
     if (loop == NULL || loop == Py_None) {
-        resolved = bt_running_loop(&self->state->compat);
+        resolved = bt_running_loop(&self->st->compat);
         if (!resolved) return NULL;
     } else {
         resolved = Py_NewRef(loop);
@@ -152,14 +314,6 @@ static PyObject *TimerThread_call_at(TimerThreadObject *self, PyObject *const *a
     return schedule(self, args, PyVectorcall_NARGS(nargs), kwnames, 1);
 }
 
-static PyObject *TimerThread_open_port(TimerThreadObject *self, PyObject *loop) {
-    if (check_open(self) < 0) return NULL;
-    bt_port *p;
-    int rc = bt_port_open(self->core, 1, &p);
-    if (rc) return raise_errno(rc, "bt_port_open");
-    return (PyObject *)port_new(self, p, loop, 0);
-}
-
 static PyObject *TimerThread_orphans(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->core) return raise_errno(-EINVAL, "orphans");
     return (PyObject *)port_new(self, bt_orphans(self->core), Py_None, 1);
@@ -168,9 +322,7 @@ static PyObject *TimerThread_orphans(TimerThreadObject *self, PyObject *Py_UNUSE
 static PyObject *TimerThread_close_core(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->core) Py_RETURN_NONE;
     int64_t n = close_core(self);
-    if (n < 0) return NULL;  /* left as close_core says; the caches stay valid */
-    Py_CLEAR(self->cached_loop);
-    Py_CLEAR(self->cached_port);
+    if (n < 0) return NULL;  /* left as close_core says */
     return PyLong_FromLongLong(n);
 }
 
@@ -232,7 +384,13 @@ static PyMethodDef TimerThread_methods[] = {
      "Like call_later, at time.monotonic() == when."},
     {"stats", (PyCFunction)TimerThread_stats, METH_NOARGS, "The core's counters, as a dict."},
     {"time", (PyCFunction)TimerThread_time, METH_NOARGS, "The core's clock: time.monotonic()."},
-    {"_open_port", (PyCFunction)TimerThread_open_port, METH_O, NULL},
+    {"_port", (PyCFunction)TimerThread_port, METH_O,
+     "_port(loop) -> Port\n\nThe port of loop (None: the dispatcher's), opened and attached "
+     "on first use."},
+    {"_forget", (PyCFunction)TimerThread_forget, METH_O,
+     "_forget(loop) -> Port | None\n\nForget loop's port and return it (to be detached)."},
+    {"_attach", (PyCFunction)(void (*)(void))TimerThread_attach, METH_FASTCALL,
+     "_attach(loop, port)\n\nConnect a newly opened port to its consumer; a subclass's job."},
     {"_orphans", (PyCFunction)TimerThread_orphans, METH_NOARGS, NULL},
     {"_close_core", (PyCFunction)TimerThread_close_core, METH_NOARGS, NULL},
     {"_scheduler", (PyCFunction)TimerThread_scheduler, METH_VARARGS, NULL},
@@ -240,6 +398,9 @@ static PyMethodDef TimerThread_methods[] = {
 
 static PyGetSetDef TimerThread_getset[] = {
     {"closed", (getter)TimerThread_get_closed, NULL, "True once close() was called.", NULL},
+    {"_ports", (getter)TimerThread_get_ports, NULL, "A copy of {loop: Port}.", NULL},
+    {"_dispatcher", (getter)TimerThread_get_dispatcher, NULL,
+     "The dispatcher's Port, or None before it is needed.", NULL},
     {NULL}};
 
 static PyMemberDef TimerThread_members[] = {
@@ -265,21 +426,38 @@ PyType_Spec TimerThread_spec = {
     .slots = TimerThread_slots,
 };
 
-/* The TimerThread timeouts arm on: the process default, refreshed when it
- * was closed or belongs to a parent process.  Borrowed. */
+/* ---- the process default -------------------------------------------------- */
+
+static int is_live(TimerThreadObject *tt) {
+    return tt && tt->core && !tt->closed && !bt_is_stopped(tt->core);
+}
+
+/* The process default TimerThread (borrowed): made on first use from the
+ * class bucketimer registered, and made anew once closed or inherited
+ * through fork() (its core is stopped in the child). */
 TimerThreadObject *default_tt(core_state *st) {
     TimerThreadObject *tt = (TimerThreadObject *)st->default_tt;
-    if (tt && tt->core && !tt->closed && !bt_is_stopped(tt->core)) return tt;
-    if (!st->default_factory) {
+    if (is_live(tt)) return tt;
+    if (!st->default_class) {
         PyErr_SetString(PyExc_RuntimeError, "bucketimer is not initialised");
         return NULL;
     }
-    PyObject *n = PyObject_CallNoArgs(st->default_factory);
+    PyObject *n = PyObject_CallNoArgs(st->default_class);
     if (!n) return NULL;
     if (!PyObject_TypeCheck(n, st->TimerThread_Type)) {
         Py_DECREF(n);
-        PyErr_SetString(PyExc_TypeError, "default_timer_thread() must return a TimerThread");
+        PyErr_SetString(PyExc_TypeError, "the default TimerThread class made no TimerThread");
         return NULL;
+    }
+    /* Making one runs Python code: another thread may have made the
+     * default meanwhile.  The first one stays; this one is closed. */
+    tt = (TimerThreadObject *)st->default_tt;
+    if (is_live(tt)) {
+        PyObject *r = PyObject_CallMethodNoArgs(n, st->str_close);
+        if (r) Py_DECREF(r);
+        else PyErr_WriteUnraisable(n);
+        Py_DECREF(n);
+        return tt;
     }
     Py_XSETREF(st->default_tt, n);
     return (TimerThreadObject *)n;

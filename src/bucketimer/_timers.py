@@ -1,11 +1,12 @@
 """TimerThread: the Python side of the native core.
 
 The hot path (``call_later``, ``call_at``, ``Handle.cancel``, ``Port.drain``)
-is C, in ``ext/``.  This module does what happens once per loop or once per
-TimerThread: creating a loop's port and registering it with
-``loop.add_reader``, detaching it when the loop closes, running the dispatcher
-thread for timers scheduled outside any loop, closing, and the process-wide
-default TimerThread (reset in a child after ``fork()``).
+is C, in ``ext/``, and so is the record of where timers go (each loop's port,
+the dispatcher's) and the process-wide default TimerThread.  This module does
+what only Python can, once per loop or once per TimerThread: connecting a new
+port to its consumer (``loop.add_reader``, a hook on ``loop.close``, the
+dispatcher thread for timers scheduled outside any loop), detaching it when
+the loop closes, closing, and what happens at fork() and at exit.
 """
 
 from __future__ import annotations
@@ -50,8 +51,6 @@ class TimerThread(_core.TimerThread):
                  drain_threshold: int = _core.DEFAULT_DRAIN_THRESHOLD) -> None:
         super().__init__(buckets, drain_threshold=drain_threshold)
         self._lock = threading.RLock()
-        self._ports: dict[Any, _core.Port] = {}
-        self._dispatcher: _core.Port | None = None
         self._orphan_port: _core.Port | None = None
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
@@ -61,61 +60,40 @@ class TimerThread(_core.TimerThread):
 
     # -- where timers go ---------------------------------------------------
 
-    def _port_for(self, loop: Any) -> _core.Port:
-        """Called by the C hot path the first time it meets a loop."""
+    def _attach(self, loop: Any, port: _core.Port) -> None:
+        """Connects a port the native base has just opened and recorded for
+        ``loop`` (None: the dispatcher's) to its consumer.  Called once per
+        port, by the first timer that goes there; raising refuses the port,
+        which the base then forgets and releases."""
         with self._lock:
             if self._closing:
                 raise RuntimeError("TimerThread is closed")
             if loop is None:
-                if self._dispatcher is None:
-                    dispatcher = self._open_port(None)
-                    dispatcher.on_error = _report_to_log
-                    self._dispatcher = dispatcher
-                    self._start_dispatcher()
-                return self._dispatcher
-            port = self._ports.get(loop)
-            if port is not None and port.fileno() >= 0:
-                if not loop.is_closed():
-                    return port
-                port = None  # its loop closed without our hook running: released below
-            else:
-                if not isinstance(loop, asyncio.AbstractEventLoop):
-                    raise TypeError(
-                        f"loop must be an asyncio event loop or None, not {type(loop).__name__}"
-                    )
-                if loop.is_closed():
-                    raise RuntimeError("cannot schedule on a closed event loop")
-                port = self._open_port(loop)
-                port.on_error = _make_loop_reporter(loop)
-                first = not self._ports
-                self._ports[loop] = port
-                self._start_dispatcher()  # releases what a closed loop leaves behind
-                if first:
-                    self._poke_dispatcher()  # it looks at its loops while it has any
-                port = None if self._watch_close(loop) else port
-        if port is not None:
-            fd = port.fileno()
-            try:
-                if fd < 0:  # the loop's close detached it meanwhile
-                    raise RuntimeError("cannot schedule on a closed event loop")
-                in_loop = asyncio.events._get_running_loop() is loop
-                if in_loop:
-                    loop.add_reader(fd, port.drain)
-                else:
-                    # Not from inside the loop: its selector is its own thread's
-                    # (asyncio is not thread-safe, even for a loop that is not
-                    # running now and may start or close meanwhile), so the
-                    # loop adds the reader itself, first thing when it runs.
-                    loop.call_soon_threadsafe(_add_reader_if_open, loop, port)
-            except RuntimeError:
-                self._detach_loop(loop)
-                raise
-            # A close from another thread that began before the hook was
-            # installed runs without it: refuse, and release the port.
-            if not loop.is_closed():
-                return port
-        self._detach_loop(loop)
-        raise RuntimeError("cannot schedule on a closed event loop")
+                port.on_error = _report_to_log
+                self._start_dispatcher(port)
+                return
+            port.on_error = _make_loop_reporter(loop)
+            # The dispatcher releases what a closed loop leaves behind, and
+            # looks at the loops while there are any.
+            self._port(None)
+            self._poke_dispatcher()
+            closed = self._watch_close(loop)
+        fd = port.fileno()
+        if closed or fd < 0:  # the loop's close detached it meanwhile
+            raise RuntimeError("cannot schedule on a closed event loop")
+        if asyncio.events._get_running_loop() is loop:
+            loop.add_reader(fd, port.drain)
+        else:
+            # Not from inside the loop: its selector is its own thread's
+            # (asyncio is not thread-safe, even for a loop that is not
+            # running now and may start or close meanwhile), so the loop adds
+            # the reader itself, first thing when it runs.  Raises
+            # RuntimeError if the loop is closed.
+            loop.call_soon_threadsafe(_add_reader_if_open, loop, port)
+        # A close from another thread that began before the hook was
+        # installed runs without it: refuse.
+        if loop.is_closed():
+            raise RuntimeError("cannot schedule on a closed event loop")
 
     def _watch_close(self, loop: Any) -> bool:
         """Detach the loop's port when the loop closes, before its selector goes.
@@ -151,8 +129,7 @@ class TimerThread(_core.TimerThread):
         return bool(loop.is_closed())
 
     def _detach_loop(self, loop: Any) -> None:
-        with self._lock:
-            port = self._ports.pop(loop, None)
+        port = self._forget(loop)
         if port is None:
             return
         fd = port.fileno()
@@ -174,9 +151,7 @@ class TimerThread(_core.TimerThread):
         closed.  Run by the dispatcher thread about once a second while this
         TimerThread serves loops (docs/guarantees.rst, "Never deliver to a
         closed loop")."""
-        with self._lock:
-            closed = [loop for loop in self._ports if loop.is_closed()]
-        for loop in closed:
+        for loop in [loop for loop in self._ports if loop.is_closed()]:
             self._detach_loop(loop)
 
     # -- the dispatcher thread ----------------------------------------------
@@ -191,19 +166,17 @@ class TimerThread(_core.TimerThread):
             except (BlockingIOError, BrokenPipeError):  # full, or the dispatcher is gone
                 pass
 
-    def _start_dispatcher(self) -> None:
+    def _start_dispatcher(self, port: _core.Port) -> None:
+        """Starts the dispatcher thread, which drains PORT (the dispatcher's)
+        and the orphan port, and audits the loops.  Under _lock."""
         if self._thread is not None:
             return
         self._orphan_port = self._orphans()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        if self._dispatcher is None:
-            port = self._open_port(None)
-            port.on_error = _report_to_log
-            self._dispatcher = port
         t = threading.Thread(
             target=_dispatch,
-            args=(self._dispatcher, self._orphan_port, self._wake_r, weakref.ref(self)),
+            args=(port, self._orphan_port, self._wake_r, weakref.ref(self)),
             name="bucketimer-dispatcher",
             daemon=True,
         )
@@ -257,8 +230,9 @@ class TimerThread(_core.TimerThread):
                 t.join(timeout=join_timeout)
             os.close(self._wake_w)  # the dispatcher closes _wake_r as it exits
             self._wake_w = -1
-        if self._dispatcher is not None:
-            self._dispatcher.detach()
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
+            dispatcher.detach()
         if self._orphan_port is not None:
             self._orphan_port.drain()
 
@@ -330,20 +304,12 @@ def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -
 # -- the process-wide default ----------------------------------------------------
 
 _live: weakref.WeakSet[TimerThread] = weakref.WeakSet()
-_default: TimerThread | None = None
-_default_lock = threading.Lock()
 
 
 def default_timer_thread() -> TimerThread:
-    """The process-wide TimerThread, created on first use (and anew after fork)."""
-    global _default
-    tt = _default
-    if tt is None or tt.closed:
-        with _default_lock:
-            tt = _default
-            if tt is None or tt.closed:
-                tt = _default = TimerThread()
-    return tt
+    """The process-wide TimerThread, created on first use (and anew once
+    closed, or after fork())."""
+    return _core.default_timer_thread()  # type: ignore[return-value]  # (_set_default_class)
 
 
 def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
@@ -362,10 +328,7 @@ def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_
 
 def _after_fork_in_child() -> None:
     # Nothing of the parent's threads exists here: forget its TimerThreads
-    # (their cores refuse work) and build a fresh default on first use.
-    global _default, _default_lock
-    _default = None
-    _default_lock = threading.Lock()
+    # (their cores refuse work; the native default is made anew on first use).
     for tt in list(_live):
         tt._closing = True
     _live.clear()
@@ -388,5 +351,5 @@ def _close_all_at_exit() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
 
-# Timeouts made by the C module (bucketimer.timeout) arm on the default.
-_core._set_default_factory(default_timer_thread)
+# The native module makes the default (and the timeouts' TimerThread) of this class.
+_core._set_default_class(TimerThread)

@@ -220,7 +220,7 @@ def hammer_cffi_stats():
         counts["cffi_stats"] += 1
 
 def hammer_loops():
-    # Each new loop goes through TimerThread._port_for, under its lock.
+    # Each new loop gets a port (timer_thread.c, port_for) and _attach, under its lock.
     while not stop.is_set():
         loop = asyncio.new_event_loop()
         tt.call_later(0, lambda: None, loop=loop)

@@ -38,7 +38,7 @@ import bucketimer
 from _helpers import wait_until
 
 tt = bucketimer.TimerThread()
-port = tt._open_port(None)
+port = tt._port(None)
 fd = port.fileno()
 assert wait_until(lambda: tt.stats()["passes"] >= 1, timeout=30)
 pid = os.fork()
