@@ -124,8 +124,8 @@ static inline uint32_t count_push_locked(bt_timer_thread *tt, struct bt__bucket 
     return len;
 }
 
-static int schedule(bt_timer_thread *tt, int64_t deadline, void *target, int native, void *arg,
-                    uint64_t *out_id) {
+static int schedule_timer(bt_timer_thread *tt, int64_t deadline, void *target, int native,
+                          void *arg, uint64_t *out_id) {
     if (!tt || !out_id) return -EINVAL;
     if (bt__forked(tt)) return -ECHILD;
     uint32_t b = bucket_of_caller(tt);
@@ -157,13 +157,13 @@ int bt_schedule_native(bt_timer_thread *tt, int64_t deadline_ns, bt_native_fn fn
                        uint64_t *out_id) {
     if (!fn) return -EINVAL;
     union bt__fn_ptr f = {.fn = fn};
-    return schedule(tt, deadline_ns, f.p, 1, arg, out_id);
+    return schedule_timer(tt, deadline_ns, f.p, 1, arg, out_id);
 }
 
 int bt_schedule_port(bt_timer_thread *tt, int64_t deadline_ns, bt_port *port, void *payload,
                      uint64_t *out_id) {
     if (!port || port->tt != tt) return -EINVAL;
-    return schedule(tt, deadline_ns, port, 0, payload, out_id);
+    return schedule_timer(tt, deadline_ns, port, 0, payload, out_id);
 }
 
 /* ---- cancel (rules 1 and 2) ---------------------------------------------- */

@@ -56,15 +56,15 @@
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 #define STORE(x, v) atomic_store_explicit(&(x), (v), memory_order_relaxed)
 
-/* The self-check of a read whose state is BT_READ_UNPROVEN.  `rc` and
+/* The self-check of a read whose state is EXT_READ_UNPROVEN.  `rc` and
  * `mine` are what the read gave (rc 0: an answer; 1: it cannot tell),
  * `theirs` is the public API's answer.  Agreeing on None proves nothing (a
  * word nobody writes reads as None too), so a read is proven by agreeing on
  * anything else; disagreeing turns it off for good. */
 static void judge(_Atomic int *state, int rc, PyObject *mine, PyObject *theirs) {
     if (rc != 0) return;
-    if (mine != theirs) STORE(*state, BT_READ_OFF_MISMATCH);
-    else if (theirs != Py_None) STORE(*state, BT_READ_PROVEN);
+    if (mine != theirs) STORE(*state, EXT_READ_OFF_MISMATCH);
+    else if (theirs != Py_None) STORE(*state, EXT_READ_PROVEN);
 }
 
 /* ---- the running loop ------------------------------------------------------
@@ -93,7 +93,7 @@ static void install_pid_cache(void) {
 
 /* The holder's type, recognised by name and size the first time one is
  * seen; a holder of any other type cannot be read. */
-static int is_holder(bt_compat *c, PyObject *v) {
+static int is_holder(ext_compat *c, PyObject *v) {
     PyTypeObject *tp = Py_TYPE(v);
     if (!c->holder_type && strstr(tp->tp_name, "_RunningLoopHolder") != NULL &&
         tp->tp_basicsize == sizeof(running_loop_holder))
@@ -104,7 +104,7 @@ static int is_holder(bt_compat *c, PyObject *v) {
 
 /* This thread's running loop as the private state holds it (borrowed, or
  * Py_None): 0, or 1 if the read cannot tell. */
-static inline __attribute__((always_inline)) int read_running_loop(bt_compat *c,
+static inline __attribute__((always_inline)) int read_running_loop(ext_compat *c,
                                                                    PyObject **out) {
 #if defined(LOOP_READ_TSTATE)
     (void)c;
@@ -135,12 +135,12 @@ static inline __attribute__((always_inline)) int read_running_loop(bt_compat *c,
 #endif
 }
 
-PyObject *bt_running_loop(bt_compat *c) {
+PyObject *ext_running_loop(ext_compat *c) {
     int s = LOAD(c->running_loop_read);
     PyObject *mine = NULL;
-    if (s == BT_READ_PROVEN && read_running_loop(c, &mine) == 0) return Py_NewRef(mine);
+    if (s == EXT_READ_PROVEN && read_running_loop(c, &mine) == 0) return Py_NewRef(mine);
     PyObject *loop = PyObject_CallNoArgs(c->get_running_loop);
-    if (loop && s == BT_READ_UNPROVEN) {
+    if (loop && s == EXT_READ_UNPROVEN) {
         int rc = read_running_loop(c, &mine);
         judge(&c->running_loop_read, rc, mine, loop);
     }
@@ -155,7 +155,7 @@ PyObject *bt_running_loop(bt_compat *c) {
 
 /* The current task of `loop` as the private state holds it (borrowed, or
  * Py_None): 0, or 1 if the read cannot tell. */
-static inline __attribute__((always_inline)) int read_current_task(bt_compat *c,
+static inline __attribute__((always_inline)) int read_current_task(ext_compat *c,
                                                                    PyObject *loop,
                                                                    PyObject **out) {
 #if defined(TASK_READ_TSTATE)
@@ -181,12 +181,12 @@ static inline __attribute__((always_inline)) int read_current_task(bt_compat *c,
 #endif
 }
 
-PyObject *bt_current_task(bt_compat *c, PyObject *loop) {
+PyObject *ext_current_task(ext_compat *c, PyObject *loop) {
     int s = LOAD(c->current_task_read);
     PyObject *mine = NULL;
-    if (s == BT_READ_PROVEN && read_current_task(c, loop, &mine) == 0) return Py_NewRef(mine);
+    if (s == EXT_READ_PROVEN && read_current_task(c, loop, &mine) == 0) return Py_NewRef(mine);
     PyObject *task = PyObject_CallOneArg(c->current_task, loop);
-    if (task && s == BT_READ_UNPROVEN) {
+    if (task && s == EXT_READ_UNPROVEN) {
         int rc = read_current_task(c, loop, &mine);
         judge(&c->current_task_read, rc, mine, task);
     }
@@ -250,7 +250,7 @@ static int reusable(PyObject *e) {
 }
 #endif
 
-PyObject *bt_raise_stop_iteration(bt_compat *c, PyObject *value) {
+PyObject *ext_raise_stop_iteration(ext_compat *c, PyObject *value) {
 #if defined(STOP_ITERATION_REUSE)
     PyObject *e = c->stop_iteration;
     if (e && reusable(e)) {
@@ -269,13 +269,13 @@ PyObject *bt_raise_stop_iteration(bt_compat *c, PyObject *value) {
     PyObject *n = PyObject_CallOneArg(PyExc_StopIteration, value);
     if (!n) return NULL;
 #if defined(STOP_ITERATION_REUSE)
-    if (LOAD(c->stop_iteration_read) == BT_READ_PROVEN) c->stop_iteration = Py_NewRef(n);
+    if (LOAD(c->stop_iteration_read) == EXT_READ_PROVEN) c->stop_iteration = Py_NewRef(n);
 #endif
     PyErr_SetRaisedException(n);
     return NULL;
 }
 
-void bt_forget_stop_iteration(bt_compat *c, PyObject *value) {
+void ext_forget_stop_iteration(ext_compat *c, PyObject *value) {
 #if defined(STOP_ITERATION_REUSE)
     PyObject *e = c->stop_iteration;
     if (!e || Py_REFCNT(e) != 1 || ((PyStopIterationObject *)e)->value != value) return;
@@ -316,8 +316,8 @@ static getter find_cr_await_getter(void) {
 }
 #endif
 
-PyObject *bt_coro_await(bt_compat *c, PyObject *coro) {
-    if (LOAD(c->cr_await_read) == BT_READ_PROVEN) return c->cr_await_getter(coro, NULL);
+PyObject *ext_coro_await(ext_compat *c, PyObject *coro) {
+    if (LOAD(c->cr_await_read) == EXT_READ_PROVEN) return c->cr_await_getter(coro, NULL);
     return PyObject_GetAttr(coro, c->str_cr_await);
 }
 
@@ -336,7 +336,7 @@ static int public_api_forced(const char *name) {
     return 0;
 }
 
-PyObject *bt_import_attr(const char *module, const char *name) {
+PyObject *ext_import_attr(const char *module, const char *name) {
     PyObject *m = PyImport_ImportModule(module);
     if (!m) return NULL;
     PyObject *a = PyObject_GetAttrString(m, name);
@@ -346,15 +346,15 @@ PyObject *bt_import_attr(const char *module, const char *name) {
 
 /* The state a read starts in; `gated_in` says whether this build has it. */
 static void start(_Atomic int *state, const char *name, int gated_in, int start_as) {
-    atomic_init(state, !gated_in                 ? BT_READ_OFF_VERSION
-                       : public_api_forced(name) ? BT_READ_OFF_ENV
+    atomic_init(state, !gated_in                 ? EXT_READ_OFF_VERSION
+                       : public_api_forced(name) ? EXT_READ_OFF_ENV
                                                  : start_as);
 }
 
-int bt_compat_init(bt_compat *c) {
-    c->get_running_loop = bt_import_attr("asyncio.events", "_get_running_loop");
+int ext_compat_init(ext_compat *c) {
+    c->get_running_loop = ext_import_attr("asyncio.events", "_get_running_loop");
     if (!c->get_running_loop) return -1;
-    c->current_task = bt_import_attr("asyncio.tasks", "current_task");
+    c->current_task = ext_import_attr("asyncio.tasks", "current_task");
     if (!c->current_task) return -1;
     c->str_cr_await = PyUnicode_InternFromString("cr_await");
     if (!c->str_cr_await) return -1;
@@ -371,7 +371,7 @@ int bt_compat_init(bt_compat *c) {
 #if defined(TASK_READ_DICT)
     /* _asyncio's dict, which asyncio.tasks re-exports; anything else
      * (the pure-Python fallback's dict, say) is not read. */
-    PyObject *ct = bt_import_attr("_asyncio", "_current_tasks");
+    PyObject *ct = ext_import_attr("_asyncio", "_current_tasks");
     if (ct && PyDict_CheckExact(ct)) c->current_tasks = ct;
     else Py_XDECREF(ct);
     PyErr_Clear();
@@ -387,15 +387,15 @@ int bt_compat_init(bt_compat *c) {
     c->cr_await_getter = find_cr_await_getter();
     await_in = c->cr_await_getter != NULL;
 #endif
-    start(&c->running_loop_read, "running_loop", loop_in, BT_READ_UNPROVEN);
-    start(&c->current_task_read, "current_task", task_in, BT_READ_UNPROVEN);
+    start(&c->running_loop_read, "running_loop", loop_in, EXT_READ_UNPROVEN);
+    start(&c->current_task_read, "current_task", task_in, EXT_READ_UNPROVEN);
     start(&c->stop_iteration_read, "stop_iteration", stop_in,
-          stop_ok ? BT_READ_PROVEN : BT_READ_OFF_MISMATCH);
-    start(&c->cr_await_read, "cr_await", await_in, BT_READ_PROVEN);
+          stop_ok ? EXT_READ_PROVEN : EXT_READ_OFF_MISMATCH);
+    start(&c->cr_await_read, "cr_await", await_in, EXT_READ_PROVEN);
     return 0;
 }
 
-int bt_compat_traverse(bt_compat *c, visitproc visit, void *arg) {
+int ext_compat_traverse(ext_compat *c, visitproc visit, void *arg) {
     Py_VISIT(c->get_running_loop);
     Py_VISIT(c->current_task);
     Py_VISIT(c->holder_type);
@@ -404,7 +404,7 @@ int bt_compat_traverse(bt_compat *c, visitproc visit, void *arg) {
     return 0;
 }
 
-void bt_compat_clear(bt_compat *c) {
+void ext_compat_clear(ext_compat *c) {
     Py_CLEAR(c->get_running_loop);
     Py_CLEAR(c->current_task);
     Py_CLEAR(c->str_cr_await);
@@ -416,15 +416,15 @@ void bt_compat_clear(bt_compat *c) {
 
 static const char *state_name(int s) {
     switch (s) {
-    case BT_READ_PROVEN: return "private";
-    case BT_READ_UNPROVEN: return "unproven";
-    case BT_READ_OFF_MISMATCH: return "public: disagreed with the public API";
-    case BT_READ_OFF_ENV: return "public: BUCKETIMER_PUBLIC_API";
+    case EXT_READ_PROVEN: return "private";
+    case EXT_READ_UNPROVEN: return "unproven";
+    case EXT_READ_OFF_MISMATCH: return "public: disagreed with the public API";
+    case EXT_READ_OFF_ENV: return "public: BUCKETIMER_PUBLIC_API";
     default: return "public: not available on this CPython build";
     }
 }
 
-PyObject *bt_compat_status(bt_compat *c) {
+PyObject *ext_compat_status(ext_compat *c) {
     return Py_BuildValue("{ssssssss}", "running_loop", state_name(LOAD(c->running_loop_read)),
                          "current_task", state_name(LOAD(c->current_task_read)),
                          "stop_iteration", state_name(LOAD(c->stop_iteration_read)),

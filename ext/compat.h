@@ -62,20 +62,20 @@ static inline int optional_attr(PyObject *o, PyObject *name, PyObject **out) {
 }
 
 /* A new reference to the attribute `name` of the module `module`. */
-PyObject *bt_import_attr(const char *module, const char *name);
+PyObject *ext_import_attr(const char *module, const char *name);
 
 /* ---- the reads ---------------------------------------------------------- */
 
 /* What a read's state word holds. */
-enum bt_read_state {
-    BT_READ_OFF_VERSION = -3, /* not on this CPython build: public API */
-    BT_READ_OFF_ENV = -2,     /* BUCKETIMER_PUBLIC_API=1: public API */
-    BT_READ_OFF_MISMATCH = -1, /* disagreed with the public API once: public API */
-    BT_READ_UNPROVEN = 0,     /* both asked, until the first telling answer */
-    BT_READ_PROVEN = 1        /* in use */
+enum ext_read_state {
+    EXT_READ_OFF_VERSION = -3, /* not on this CPython build: public API */
+    EXT_READ_OFF_ENV = -2,     /* BUCKETIMER_PUBLIC_API=1: public API */
+    EXT_READ_OFF_MISMATCH = -1, /* disagreed with the public API once: public API */
+    EXT_READ_UNPROVEN = 0,     /* both asked, until the first telling answer */
+    EXT_READ_PROVEN = 1        /* in use */
 };
 
-typedef struct bt_compat {
+typedef struct ext_compat {
     /* the public API each read stands in for */
     PyObject *get_running_loop; /* asyncio.events._get_running_loop */
     PyObject *current_task;     /* asyncio.tasks.current_task */
@@ -91,28 +91,28 @@ typedef struct bt_compat {
     PyObject *current_tasks;     /* 3.11-3.13: _asyncio's loop -> task dict */
     PyObject *stop_iteration;    /* the StopIteration raised again and again */
     getter cr_await_getter;      /* the coroutine type's cr_await getter */
-} bt_compat;
+} ext_compat;
 
 /* Imports what the public twins need, runs the checks that need no running
  * loop, and applies the gates and BUCKETIMER_PUBLIC_API.  -1 on error. */
-int bt_compat_init(bt_compat *c);
-int bt_compat_traverse(bt_compat *c, visitproc visit, void *arg);
-void bt_compat_clear(bt_compat *c);
+int ext_compat_init(ext_compat *c);
+int ext_compat_traverse(ext_compat *c, visitproc visit, void *arg);
+void ext_compat_clear(ext_compat *c);
 /* {read name: "private" | "unproven" | "public: <why>"} */
-PyObject *bt_compat_status(bt_compat *c);
+PyObject *ext_compat_status(ext_compat *c);
 
 /* The running loop of this thread (new reference), or None: what
  * asyncio._get_running_loop() returns. */
-PyObject *bt_running_loop(bt_compat *c);
+PyObject *ext_running_loop(ext_compat *c);
 /* The current task of `loop`, the running loop of this thread (new
  * reference), or None: what asyncio.current_task(loop) returns. */
-PyObject *bt_current_task(bt_compat *c, PyObject *loop);
+PyObject *ext_current_task(ext_compat *c, PyObject *loop);
 /* Raises StopIteration(value), as `return value` ends a coroutine; returns
  * NULL. */
-PyObject *bt_raise_stop_iteration(bt_compat *c, PyObject *value);
+PyObject *ext_raise_stop_iteration(ext_compat *c, PyObject *value);
 /* Lets go of `value` if the StopIteration kept for reuse still holds it. */
-void bt_forget_stop_iteration(bt_compat *c, PyObject *value);
+void ext_forget_stop_iteration(ext_compat *c, PyObject *value);
 /* coro.cr_await of a native coroutine (new reference). */
-PyObject *bt_coro_await(bt_compat *c, PyObject *coro);
+PyObject *ext_coro_await(ext_compat *c, PyObject *coro);
 
 #endif

@@ -14,9 +14,9 @@ typedef struct {
     PyObject **items; /* storage for cap objects, owned by the module state */
     int n, cap;
     int gc;           /* the type has Py_TPFLAGS_HAVE_GC */
-} bt_freelist;
+} ext_freelist;
 
-static inline void bt_freelist_init(bt_freelist *fl, PyObject **storage, int cap, int gc) {
+static inline void ext_freelist_init(ext_freelist *fl, PyObject **storage, int cap, int gc) {
     fl->items = storage;
     fl->n = 0;
     fl->cap = cap;
@@ -26,7 +26,7 @@ static inline void bt_freelist_init(bt_freelist *fl, PyObject **storage, int cap
 /* Called by a dealloc once the object let go of everything it held (and, for
  * a GC type, was untracked).  1: kept, and the type's reference dropped as
  * the dealloc would; 0: the caller frees it. */
-static inline int bt_freelist_put(bt_freelist *fl, PyObject *o) {
+static inline int ext_freelist_put(ext_freelist *fl, PyObject *o) {
 #ifdef Py_GIL_DISABLED
     (void)fl;
     (void)o;
@@ -41,14 +41,14 @@ static inline int bt_freelist_put(bt_freelist *fl, PyObject *o) {
 
 /* A kept object, made a new `tp` object again (its fields are garbage), or
  * NULL if none is kept. */
-static inline PyObject *bt_freelist_take(bt_freelist *fl, PyTypeObject *tp) {
+static inline PyObject *ext_freelist_take(ext_freelist *fl, PyTypeObject *tp) {
     if (fl->n == 0) return NULL;
     return PyObject_Init(fl->items[--fl->n], tp);
 }
 
 /* Frees what is kept; the module state calls it before it lets go of the
  * types. */
-static inline void bt_freelist_clear(bt_freelist *fl) {
+static inline void ext_freelist_clear(ext_freelist *fl) {
     while (fl->n > 0) {
         PyObject *o = fl->items[--fl->n];
         if (fl->gc) PyObject_GC_Del(o);

@@ -7,19 +7,19 @@
  * Every file of the module runs with the GIL held (no Py_mod_gil slot: a
  * free-threaded CPython turns the GIL on), and the GIL is what guards the
  * state; the core's own locks are taken only inside bt_* calls, and its
- * timer thread never takes the GIL.  Only timer_thread.c lets the GIL go,
+ * timer thread never takes the GIL.  Only timer_thread_type.c lets the GIL go,
  * around the bt_* calls that can block.
  */
 #include "module.h"
 
 /* ---- module functions ------------------------------------------------------ */
 
-static PyObject *core_monotonic_ns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+static PyObject *module_monotonic_ns(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromLongLong(bt_now_ns());
 }
 
-static PyObject *core_set_default_class(PyObject *m, PyObject *cls) {
-    core_state *st = get_state(m);
+static PyObject *module_set_default_class(PyObject *m, PyObject *cls) {
+    ext_state *st = ext_state_of_module(m);
     if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, st->TimerThread_Type)) {
         PyErr_SetString(PyExc_TypeError, "the default class must subclass TimerThread");
         return NULL;
@@ -29,32 +29,32 @@ static PyObject *core_set_default_class(PyObject *m, PyObject *cls) {
     Py_RETURN_NONE;
 }
 
-static PyObject *core_default_timer_thread(PyObject *m, PyObject *Py_UNUSED(ignored)) {
-    return Py_XNewRef((PyObject *)default_tt(get_state(m)));
+static PyObject *module_default_timer_thread(PyObject *m, PyObject *Py_UNUSED(ignored)) {
+    return Py_XNewRef((PyObject *)ext_default_tt(ext_state_of_module(m)));
 }
 
-static PyObject *core_compat_status(PyObject *m, PyObject *Py_UNUSED(ignored)) {
-    return bt_compat_status(&get_state(m)->compat);
+static PyObject *module_compat_status(PyObject *m, PyObject *Py_UNUSED(ignored)) {
+    return ext_compat_status(&ext_state_of_module(m)->compat);
 }
 
-static PyMethodDef core_functions[] = {
-    {"monotonic_ns", core_monotonic_ns, METH_NOARGS, "The core's clock, CLOCK_MONOTONIC ns."},
-    {"timeout", core_timeout, METH_O,
+static PyMethodDef module_functions[] = {
+    {"monotonic_ns", module_monotonic_ns, METH_NOARGS, "The core's clock, CLOCK_MONOTONIC ns."},
+    {"timeout", ext_timeout, METH_O,
      "timeout(delay) -> Timeout\n\nasyncio.timeout(delay), with the timer in bucketimer's core."},
-    {"timeout_at", core_timeout_at, METH_O,
+    {"timeout_at", ext_timeout_at, METH_O,
      "timeout_at(when) -> Timeout\n\nasyncio.timeout_at(when), with the timer in bucketimer's "
      "core."},
-    {"default_timer_thread", core_default_timer_thread, METH_NOARGS,
+    {"default_timer_thread", module_default_timer_thread, METH_NOARGS,
      "default_timer_thread() -> TimerThread\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
-    {"_set_default_class", core_set_default_class, METH_O, NULL},
-    {"_compat_status", core_compat_status, METH_NOARGS,
+    {"_set_default_class", module_set_default_class, METH_O, NULL},
+    {"_compat_status", module_compat_status, METH_NOARGS,
      "Which reads of CPython's private state are in use (docs/design.rst)."},
 #if PY_VERSION_HEX >= 0x030C0000
-    {"wait_for", (PyCFunction)(void (*)(void))core_wait_for, METH_FASTCALL | METH_KEYWORDS,
+    {"wait_for", (PyCFunction)(void (*)(void))ext_wait_for, METH_FASTCALL | METH_KEYWORDS,
      "wait_for(fut, timeout) -> coroutine\n\nasyncio.wait_for() of 3.12 and later, with the "
      "timer in bucketimer's core."},
-    {"_set_wait_for_nonpositive", core_set_wait_for_nonpositive, METH_O, NULL},
+    {"_set_wait_for_nonpositive", ext_set_wait_for_nonpositive, METH_O, NULL},
 #endif
     {NULL}};
 
@@ -67,7 +67,7 @@ static int add_type(PyObject *m, PyTypeObject **field, PyType_Spec *spec, int pu
     return public ? PyModule_AddType(m, *field) : 0;
 }
 
-static int add_types(PyObject *m, core_state *st) {
+static int add_types(PyObject *m, ext_state *st) {
     if (add_type(m, &st->Handle_Type, &Handle_spec, 1) < 0 ||
         add_type(m, &st->Port_Type, &Port_spec, 1) < 0 ||
         add_type(m, &st->TimerThread_Type, &TimerThread_spec, 1) < 0 ||
@@ -81,8 +81,8 @@ static int add_types(PyObject *m, core_state *st) {
     return 0;
 }
 
-static int import_asyncio(core_state *st) {
-    PyObject *task_type = bt_import_attr("asyncio.tasks", "Task");
+static int import_asyncio(ext_state *st) {
+    PyObject *task_type = ext_import_attr("asyncio.tasks", "Task");
     if (!task_type) return -1;
     if (PyType_Check(task_type)) {
         st->task_type = (PyTypeObject *)task_type;
@@ -91,22 +91,22 @@ static int import_asyncio(core_state *st) {
     } else {
         Py_DECREF(task_type);
     }
-    PyObject *bel = bt_import_attr("asyncio.base_events", "BaseEventLoop");
+    PyObject *bel = ext_import_attr("asyncio.base_events", "BaseEventLoop");
     if (!bel) return -1;
     st->stock_time = PyObject_GetAttr(bel, st->str_time);
     Py_DECREF(bel);
-    st->CancelledError = bt_import_attr("asyncio.exceptions", "CancelledError");
-    st->AbstractEventLoop = bt_import_attr("asyncio.events", "AbstractEventLoop");
-    st->ExceptionGroup = bt_import_attr("builtins", "ExceptionGroup");
+    st->CancelledError = ext_import_attr("asyncio.exceptions", "CancelledError");
+    st->AbstractEventLoop = ext_import_attr("asyncio.events", "AbstractEventLoop");
+    st->ExceptionGroup = ext_import_attr("builtins", "ExceptionGroup");
     return st->stock_time && st->CancelledError && st->AbstractEventLoop && st->ExceptionGroup
                ? 0
                : -1;
 }
 
-static int intern_names(core_state *st) {
+static int intern_names(ext_state *st) {
 #define INTERN(field, text) \
     if (!(st->field = PyUnicode_InternFromString(text))) return -1;
-    CORE_NAMES(INTERN)
+    EXT_STATE_NAMES(INTERN)
 #undef INTERN
     return 0;
 }
@@ -135,13 +135,13 @@ static int add_constants(PyObject *m) {
     return rc;
 }
 
-static int core_exec(PyObject *m) {
-    core_state *st = get_state(m);
-    bt_freelist_init(&st->handles, st->handle_store, HANDLE_FREELIST, 1);
-    bt_freelist_init(&st->timeouts, st->timeout_store, TIMEOUT_FREELIST, 1);
-    bt_freelist_init(&st->steps, st->step_store, STEP_FREELIST, 1);
+static int module_exec(PyObject *m) {
+    ext_state *st = ext_state_of_module(m);
+    ext_freelist_init(&st->handles, st->handle_store, HANDLE_FREELIST, 1);
+    ext_freelist_init(&st->timeouts, st->timeout_store, TIMEOUT_FREELIST, 1);
+    ext_freelist_init(&st->steps, st->step_store, STEP_FREELIST, 1);
     if (intern_names(st) < 0 || add_types(m, st) < 0 || import_asyncio(st) < 0 ||
-        bt_compat_init(&st->compat) < 0)
+        ext_compat_init(&st->compat) < 0)
         return -1;
     return add_constants(m);
 }
@@ -152,47 +152,47 @@ static int core_exec(PyObject *m) {
 #define CLEAR_STATE(field) Py_CLEAR(st->field);
 #define CLEAR_NAME(field, text) Py_CLEAR(st->field);
 
-static int core_traverse(PyObject *m, visitproc visit, void *arg) {
-    core_state *st = get_state(m);
-    CORE_TYPES(VISIT_STATE)
-    if (bt_compat_traverse(&st->compat, visit, arg)) return -1;
-    CORE_OBJECTS(VISIT_STATE)
+static int module_traverse(PyObject *m, visitproc visit, void *arg) {
+    ext_state *st = ext_state_of_module(m);
+    EXT_STATE_TYPES(VISIT_STATE)
+    if (ext_compat_traverse(&st->compat, visit, arg)) return -1;
+    EXT_STATE_OBJECTS(VISIT_STATE)
     return 0;
 }
 
-static int core_clear(PyObject *m) {
-    core_state *st = get_state(m);
+static int module_clear(PyObject *m) {
+    ext_state *st = ext_state_of_module(m);
     /* The free lists first: what they keep is of the types below. */
-    bt_freelist_clear(&st->handles);
-    bt_freelist_clear(&st->timeouts);
-    bt_freelist_clear(&st->steps);
-    CORE_TYPES(CLEAR_STATE)
-    bt_compat_clear(&st->compat);
-    CORE_OBJECTS(CLEAR_STATE)
+    ext_freelist_clear(&st->handles);
+    ext_freelist_clear(&st->timeouts);
+    ext_freelist_clear(&st->steps);
+    EXT_STATE_TYPES(CLEAR_STATE)
+    ext_compat_clear(&st->compat);
+    EXT_STATE_OBJECTS(CLEAR_STATE)
     st->time_checked_type = NULL;
-    CORE_NAMES(CLEAR_NAME)
+    EXT_STATE_NAMES(CLEAR_NAME)
     return 0;
 }
 
-static void core_free(void *m) { core_clear((PyObject *)m); }
+static void module_free(void *m) { module_clear((PyObject *)m); }
 
 /* No Py_mod_gil slot: a free-threaded CPython turns the GIL back on when
  * it imports this module, and says so.  docs/design.rst ("Free threading")
  * lists what would have to change first. */
-static PyModuleDef_Slot core_slots[] = {
-    {Py_mod_exec, core_exec},
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
     {0, NULL}};
 
-struct PyModuleDef core_module = {
+struct PyModuleDef ext_module_def = {
     PyModuleDef_HEAD_INIT,
     .m_name = "bucketimer._core",
     .m_doc = "The CPython module over bucketimer's native timer core.",
-    .m_size = sizeof(core_state),
-    .m_methods = core_functions,
-    .m_slots = core_slots,
-    .m_traverse = core_traverse,
-    .m_clear = core_clear,
-    .m_free = core_free,
+    .m_size = sizeof(ext_state),
+    .m_methods = module_functions,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
 };
 
-PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&core_module); }
+PyMODINIT_FUNC PyInit__core(void) { return PyModuleDef_Init(&ext_module_def); }

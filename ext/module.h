@@ -5,6 +5,11 @@
  * GIL held (the _Atomic ones too: they are atomic for a free-threaded
  * build's sake); the core sees a Handle only as an opaque payload.  The
  * table in docs/design.rst ("The data path") maps which file owns what.
+ *
+ * Names say their layer: bt_* is the core's public API (bucketimer.h),
+ * bt__* the core's internals (csrc/internal.h, never used here), ext_* what
+ * one file of this module calls in another; a Python type's methods are
+ * Type_method, static to its file, NAME_type.c.
  */
 #ifndef BT_EXT_MODULE_H
 #define BT_EXT_MODULE_H
@@ -19,7 +24,7 @@
 #include "compat.h"
 #include "freelist.h"
 
-static inline PyObject *tuple_from_array(PyObject *const *items, Py_ssize_t n) {
+static inline PyObject *ext_tuple_from_array(PyObject *const *items, Py_ssize_t n) {
     PyObject *t = PyTuple_New(n);
     if (!t) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, Py_NewRef(items[i]));
@@ -29,20 +34,20 @@ static inline PyObject *tuple_from_array(PyObject *const *items, Py_ssize_t n) {
 /* ---- strong references, listed once per type ------------------------------ */
 
 /* Each object type lists the fields that hold strong references once, as an
- * X-macro (e.g. HANDLE_REFS below); BT_GC_TRAVERSE and BT_GC_CLEAR write its
+ * X-macro (e.g. HANDLE_REFS below); EXT_GC_TRAVERSE and EXT_GC_CLEAR write its
  * tp_traverse and tp_clear from that list, so the two cannot disagree.  A
  * new PyObject field goes in its type's list. */
-#define BT_VISIT_REF(field) Py_VISIT(self->field);
-#define BT_CLEAR_REF(field) Py_CLEAR(self->field);
-#define BT_GC_TRAVERSE(Name, Object, REFS)                                 \
+#define EXT_VISIT_REF(field) Py_VISIT(self->field);
+#define EXT_CLEAR_REF(field) Py_CLEAR(self->field);
+#define EXT_GC_TRAVERSE(Name, Object, REFS)                                 \
     static int Name##_traverse(Object *self, visitproc visit, void *arg) { \
         Py_VISIT(Py_TYPE(self));                                           \
-        REFS(BT_VISIT_REF)                                                 \
+        REFS(EXT_VISIT_REF)                                                 \
         return 0;                                                          \
     }
-#define BT_GC_CLEAR(Name, Object, REFS) \
+#define EXT_GC_CLEAR(Name, Object, REFS) \
     static int Name##_clear(Object *self) { \
-        REFS(BT_CLEAR_REF)                  \
+        REFS(EXT_CLEAR_REF)                  \
         return 0;                           \
     }
 
@@ -57,7 +62,7 @@ typedef struct {
     PyTypeObject *TimerThread_Type, *Handle_Type, *Port_Type, *Scheduler_Type;
     PyTypeObject *Timeout_Type, *Step_Type, *WaitFor_Type; /* WaitFor: 3.12+ */
     /* CPython's private state, read through compat.c */
-    bt_compat compat;
+    ext_compat compat;
     /* asyncio's objects that the helpers call or compare with */
     PyTypeObject *task_type;   /* asyncio.Task (the C one when present) */
     PyObject *task_cancelling; /* its cancelling() method descriptor */
@@ -68,40 +73,49 @@ typedef struct {
     /* bucketimer's Python side, registered when bucketimer is imported */
     PyObject *default_class;        /* bucketimer.TimerThread */
     PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive (3.12+) */
-    /* the process default TimerThread (timer_thread.c owns it), and a
+    /* the process default TimerThread (timer_thread_type.c owns it), and a
      * cache; both written with the GIL held */
     PyObject *default_tt;
     /* the last loop type looked at (only compared) */
     PyTypeObject *time_checked_type;
     int time_checked_is_stock;       /* ... and whether it has the stock time() */
     /* free lists (freelist.h) and their storage */
-    bt_freelist handles, timeouts, steps;
+    ext_freelist handles, timeouts, steps;
     PyObject *handle_store[HANDLE_FREELIST];
     PyObject *timeout_store[TIMEOUT_FREELIST];
     PyObject *step_store[STEP_FREELIST];
     /* interned names */
     PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_cancel, *str_cancelling;
     PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions;
-} core_state;
+} ext_state;
 
 /* The state's strong references (module.c's traverse and clear) and its
  * interned names with their text (created and cleared by module.c). */
-#define CORE_TYPES(X) \
+#define EXT_STATE_TYPES(X) \
     X(TimerThread_Type) X(Handle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
     X(Step_Type) X(WaitFor_Type)
-#define CORE_OBJECTS(X)                                                            \
+#define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt)
-#define CORE_NAMES(X)                                                                  \
-    X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time") X(str_call_soon, "call_soon")      \
+#define EXT_STATE_NAMES(X)                                                                  \
+    X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
+    X(str_call_soon, "call_soon")                                                       \
     X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
     X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")
 
-static inline core_state *get_state(PyObject *module) {
-    return (core_state *)PyModule_GetState(module);
+extern struct PyModuleDef ext_module_def;
+
+/* The one way to the module state: an object keeps it in its `st` field (a
+ * Handle, through its `tt`), taken when it is made, from its type (any
+ * subclass's too) or, in a module function, from the module. */
+static inline ext_state *ext_state_of_module(PyObject *module) {
+    return (ext_state *)PyModule_GetState(module);
 }
 
-extern struct PyModuleDef core_module;
+static inline ext_state *ext_state_of_type(PyTypeObject *tp) {
+    PyObject *m = PyType_GetModuleByDef(tp, &ext_module_def);
+    return m ? ext_state_of_module(m) : NULL;
+}
 
 /* ---- objects ------------------------------------------------------------ */
 
@@ -145,8 +159,8 @@ typedef struct {
 struct TimerThreadObject {
     PyObject_HEAD
     bt_timer_thread *core;
-    core_state *st;
-    /* Where timers go (timer_thread.c, port_for, owns all three): the
+    ext_state *st;
+    /* Where timers go (timer_thread_type.c, ext_port_for, owns all three): the
      * port of each loop served, the dispatcher's (loop None), and the last
      * (loop, port) looked up, so a loop's timers skip the dict.  The cache
      * is only used with the GIL. */
@@ -157,7 +171,7 @@ struct TimerThreadObject {
     int closed;
     /* A close() whose join failed: the core is stopped (nothing runs, nothing
      * can be scheduled) but its thread lives and its timers are kept; the
-     * next close() tries again (timer_thread.c, close_core). */
+     * next close() tries again (timer_thread_type.c, close_core). */
     int stop_failed;
     PyObject *weakreflist;
 };
@@ -168,7 +182,7 @@ enum { T_CREATED, T_ENTERED, T_EXPIRING, T_EXPIRED, T_EXITED };
 
 typedef struct TimeoutObject {
     PyObject_HEAD
-    core_state *st;
+    ext_state *st;
     int state;
     long cancelling;
     PyObject *when;     /* a number, or None */
@@ -189,71 +203,71 @@ extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Ste
 /* ---- across files ------------------------------------------------------- */
 
 /* schedule.c */
-PyObject *raise_errno(int rc, const char *what);
+PyObject *ext_raise_errno(int rc, const char *what);
 /* A delay or deadline as seconds: TypeError for what is not a real number
  * (bool, str, None...), ValueError for NaN; beyond the double range, +-inf. */
-int to_seconds(PyObject *o, const char *what, double *out);
+int ext_to_seconds(PyObject *o, const char *what, double *out);
 /* (time, callback, *args) and the keywords context= and, where `loop` is
  * not NULL, loop=. */
-int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+int ext_parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                         int absolute, PyObject **loop, PyObject **context);
-#define SCHED_COMPAT 1  /* asyncio.TimerHandle semantics */
-#define SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
+#define EXT_SCHED_COMPAT 1  /* asyncio.TimerHandle semantics */
+#define EXT_SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
 /* The common tail of every way to schedule: `t` is a parsed delay or
  * deadline (`absolute`), `loop` the loop it goes to (None: the dispatcher).
  * A new Handle, or NULL. */
-PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyObject *cb,
+PyObject *ext_schedule(TimerThreadObject *self, int absolute, double t, PyObject *cb,
                             PyObject *const *cbargs, Py_ssize_t ncbargs, PyObject *loop,
                             PyObject *context, int flags);
 
-/* timer_thread.c */
-int check_open(TimerThreadObject *self);
+/* timer_thread_type.c */
+int ext_check_open(TimerThreadObject *self);
 /* The port of `loop` (None: the dispatcher), a new reference. */
-PortObject *port_for(TimerThreadObject *self, PyObject *loop);
+PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop);
 /* The process default TimerThread (borrowed), made anew once closed. */
-TimerThreadObject *default_tt(core_state *st);
+TimerThreadObject *ext_default_tt(ext_state *st);
 
-/* handle.c */
+/* handle_type.c */
 /* A Handle for cb(*args) delivered through `port` (a reference it takes
  * over), in `context` (NULL: a copy of the current one; a Timeout's expiry
  * needs none). */
-HandleObject *handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
+HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags);
 /* A Handle the core refused: both its references dropped. */
-void handle_abandon(HandleObject *h);
-void handle_release_callback(HandleObject *self);
-int handle_cancel(HandleObject *self);
-void drop_handle(void *ctx, bt_port *port, void *payload);
+void ext_handle_abandon(HandleObject *h);
+void ext_handle_release_callback(HandleObject *self);
+int ext_handle_cancel(HandleObject *self);
+void ext_drop_handle(void *ctx, bt_port *port, void *payload);
 /* Runs (drop: releases unrun) a handle its port's drain claimed, its
  * callback in its context; an exception goes to on_error(handle, exc) or
  * sys.unraisablehook.  -1 with an exception only for what must propagate
  * (KeyboardInterrupt, SystemExit, a failing on_error). */
-int handle_run(HandleObject *h, PyObject *on_error, int drop);
+int ext_handle_run(HandleObject *h, PyObject *on_error, int drop);
 /* Moves a pending handle's timer to the later deadline `when` (seconds):
  * 1 if the core moved it, 0 if not (it is no longer pending, or earlier). */
-int handle_postpone(HandleObject *h, double when);
+int ext_handle_postpone(HandleObject *h, double when);
 
-/* port.c */
-PortObject *port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop);
+/* port_type.c */
+PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop);
 /* Detaches the port and cancels every timer still bound to it: a port whose
  * loop is gone, or that was refused.  -1 with an exception. */
-int port_release(PortObject *self);
+int ext_port_release(PortObject *self);
 
-/* scheduler.c */
-PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
+/* scheduler_type.c */
+PyObject *ext_TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
 
-/* timeout.c */
-PyObject *throw_args_exception(PyObject *const *args, Py_ssize_t nargs);
-PyObject *need_running_loop(core_state *st);
-PyObject *timeout_on_loop(core_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns);
-int timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns);
-int timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val);
-PyObject *timeout_fire(PyObject *timeout);
-PyObject *core_timeout(PyObject *m, PyObject *delay);
-PyObject *core_timeout_at(PyObject *m, PyObject *when);
+/* timeout_type.c */
+PyObject *ext_throw_args_exception(PyObject *const *args, Py_ssize_t nargs);
+PyObject *ext_need_running_loop(ext_state *st);
+PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns);
+int ext_timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns);
+int ext_timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val);
+PyObject *ext_timeout_fire(PyObject *timeout);
+PyObject *ext_timeout(PyObject *m, PyObject *delay);
+PyObject *ext_timeout_at(PyObject *m, PyObject *when);
 
-/* wait_for.c (3.12 and later) */
-PyObject *core_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
-PyObject *core_set_wait_for_nonpositive(PyObject *m, PyObject *fn);
+/* wait_for_type.c (3.12 and later) */
+PyObject *ext_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *ext_set_wait_for_nonpositive(PyObject *m, PyObject *fn);
 
 #endif

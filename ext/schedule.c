@@ -2,13 +2,13 @@
  * schedule.c -- what every way of scheduling from Python shares
  * (TimerThread.call_later/call_at, the drop-in loop's schedulers, a
  * Timeout's expiry): the arguments, the time, the loop's port, and the
- * Handle handed to the core (the loop's port is timer_thread.c's
- * port_for).  Runs on the caller's thread with the GIL held;
+ * Handle handed to the core (the loop's port is timer_thread_type.c's
+ * ext_port_for).  Runs on the caller's thread with the GIL held;
  * bt_schedule_port takes its bucket's lock inside the core, GIL held.
  */
 #include "module.h"
 
-PyObject *raise_errno(int rc, const char *what) {
+PyObject *ext_raise_errno(int rc, const char *what) {
     if (rc == -ENOMEM) return PyErr_NoMemory();
     if (rc == -ESHUTDOWN) {
         PyErr_SetString(PyExc_RuntimeError, "TimerThread is closed");
@@ -50,7 +50,7 @@ static int is_real_number(PyObject *o) {
     return PyLong_Check(o) || PyFloat_Check(o) || (nb && (nb->nb_float || nb->nb_index));
 }
 
-int to_seconds(PyObject *o, const char *what, double *out) {
+int ext_to_seconds(PyObject *o, const char *what, double *out) {
     double v;
     if (PyFloat_CheckExact(o)) {
         v = PyFloat_AS_DOUBLE(o);
@@ -74,7 +74,7 @@ int to_seconds(PyObject *o, const char *what, double *out) {
 
 /* The argument shape every call_later/call_at shares: (time, callback,
  * *args) and the keywords context= and, where `loop` is not NULL, loop=. */
-int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+int ext_parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                                int absolute, PyObject **loop, PyObject **context) {
     const char *name = absolute ? "call_at" : "call_later";
     if (nargs < 2) {
@@ -99,7 +99,7 @@ int parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnam
 
 /* The callback and context, checked (a Timeout's expiry is its own). */
 static int check_target(PyObject *cb, PyObject **context, int flags) {
-    if (!(flags & SCHED_TIMEOUT) && !PyCallable_Check(cb)) {
+    if (!(flags & EXT_SCHED_TIMEOUT) && !PyCallable_Check(cb)) {
         PyErr_Format(PyExc_TypeError, "callback must be callable, not %.100s",
                      Py_TYPE(cb)->tp_name);
         return -1;
@@ -113,11 +113,11 @@ static int check_target(PyObject *cb, PyObject **context, int flags) {
     return 0;
 }
 
-PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyObject *cb,
+PyObject *ext_schedule(TimerThreadObject *self, int absolute, double t, PyObject *cb,
                             PyObject *const *cbargs, Py_ssize_t ncbargs, PyObject *loop,
                             PyObject *context, int flags) {
     if (check_target(cb, &context, flags) < 0) return NULL;
-    PortObject *port = port_for(self, loop);
+    PortObject *port = ext_port_for(self, loop);
     if (!port) return NULL;
     int64_t deadline;
     double when;
@@ -129,13 +129,13 @@ PyObject *schedule_resolved(TimerThreadObject *self, int absolute, double t, PyO
         deadline = bt_deadline_after(now, t);
         when = deadline == INT64_MAX ? INFINITY : (double)now / 1e9 + t;
     }
-    HandleObject *h = handle_new(self, port, when, cb, cbargs, ncbargs, context, flags);
+    HandleObject *h = ext_handle_new(self, port, when, cb, cbargs, ncbargs, context, flags);
     if (!h) return NULL;
     Py_INCREF(h); /* the slot's reference, handed over at schedule */
     int rc = bt_schedule_port(self->core, deadline, port->port, h, &h->id);
     if (rc) {
-        handle_abandon(h);
-        return raise_errno(rc, absolute ? "call_at" : "call_later");
+        ext_handle_abandon(h);
+        return ext_raise_errno(rc, absolute ? "call_at" : "call_later");
     }
     return (PyObject *)h;
 }

@@ -9,7 +9,7 @@ C work instead of a ``heapq`` push of a Python ``TimerHandle`` and a
 tombstone in the loop's heap.  A deadline already reached still goes to
 ``loop.call_soon``, as in asyncio, so it fires on the next loop iteration.
 
-``Timeout`` is implemented in C (``ext/timeout.c``): its ``__aenter__`` and
+``Timeout`` is implemented in C (``ext/timeout_type.c``): its ``__aenter__`` and
 ``__aexit__`` return awaitables that do their work when awaited and never
 suspend, so an ``async with`` that does not time out costs a handful of C
 calls.  The versions differ only in what happens when a timeout expires:
@@ -91,7 +91,7 @@ if sys.version_info >= (3, 12):
     # inside timeout().  On timeout it is cancelled and TimeoutError raised;
     # if it swallows the cancellation and returns a value, that value is
     # returned.  _core.wait_for is that coroutine written in C (see
-    # ext/wait_for.c); timeout <= 0 runs _wait_for_nonpositive.
+    # ext/wait_for_type.c); timeout <= 0 runs _wait_for_nonpositive.
     _core._set_wait_for_nonpositive(_wait_for_nonpositive)
     collections.abc.Coroutine.register(_core.WaitFor)
 

@@ -1,5 +1,5 @@
 /*
- * handle.c -- bucketimer.Handle: one scheduled callback.
+ * handle_type.c -- bucketimer.Handle: one scheduled callback.
  *
  * While its timer is PENDING or POSTED, the core's slot owns one reference
  * to the Handle, taken at schedule.  Exactly one party drops it, always
@@ -9,30 +9,30 @@
  * only with the GIL held; against the timer thread, the core's CAS on the
  * slot's state word (not a lock) decides between a cancel and a fire.
  * Only this file changes a Handle once made: the port's drain runs it
- * (handle_run), a Timeout moves it (handle_postpone), close drops it.
+ * (ext_handle_run), a Timeout moves it (ext_handle_postpone), close drops it.
  */
 #include "module.h"
 
-BT_GC_TRAVERSE(Handle, HandleObject, HANDLE_REFS)
-BT_GC_CLEAR(Handle, HandleObject, HANDLE_REFS)
+EXT_GC_TRAVERSE(Handle, HandleObject, HANDLE_REFS)
+EXT_GC_CLEAR(Handle, HandleObject, HANDLE_REFS)
 
 static void Handle_dealloc(HandleObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    ext_state *st = self->tt ? self->tt->st : NULL; /* the module outlives its TimerThreads */
     Handle_clear(self);
-    core_state *st = PyType_GetModuleState(tp);
-    if (st && tp == st->Handle_Type && bt_freelist_put(&st->handles, (PyObject *)self)) return;
+    if (st && tp == st->Handle_Type && ext_freelist_put(&st->handles, (PyObject *)self)) return;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
-static HandleObject *handle_alloc(core_state *st) {
-    HandleObject *h = (HandleObject *)bt_freelist_take(&st->handles, st->Handle_Type);
+static HandleObject *handle_alloc(ext_state *st) {
+    HandleObject *h = (HandleObject *)ext_freelist_take(&st->handles, st->Handle_Type);
     return h ? h : PyObject_GC_New(HandleObject, st->Handle_Type);
 }
 
-HandleObject *handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
+HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags) {
     HandleObject *h = handle_alloc(tt->st);
     if (!h) {
@@ -44,26 +44,26 @@ HandleObject *handle_new(TimerThreadObject *tt, PortObject *port, double when, P
     h->id = 0;
     h->when = when;
     h->callback = Py_NewRef(cb);
-    h->args = tuple_from_array(args, nargs);
+    h->args = ext_tuple_from_array(args, nargs);
     /* A Timeout's expiry only calls task.cancel(): it needs no copy of the
      * context (asyncio's handle would run it in one; nothing reads it). */
     h->context = context                    ? Py_NewRef(context)
-                 : (flags & SCHED_TIMEOUT) ? NULL
+                 : (flags & EXT_SCHED_TIMEOUT) ? NULL
                                             : PyContext_CopyCurrent();
     atomic_init(&h->state, H_PENDING);
-    h->compat = (flags & SCHED_COMPAT) != 0;
+    h->compat = (flags & EXT_SCHED_COMPAT) != 0;
     h->cancel_called = 0;
-    h->is_timeout = (flags & SCHED_TIMEOUT) != 0;
+    h->is_timeout = (flags & EXT_SCHED_TIMEOUT) != 0;
     h->weakreflist = NULL;
     PyObject_GC_Track(h);
-    if (!h->args || (!h->context && !(flags & SCHED_TIMEOUT))) {
+    if (!h->args || (!h->context && !(flags & EXT_SCHED_TIMEOUT))) {
         Py_DECREF(h);
         return NULL;
     }
     return h;
 }
 
-void handle_abandon(HandleObject *h) {
+void ext_handle_abandon(HandleObject *h) {
     atomic_store(&h->state, H_DROPPED);
     Py_DECREF(h); /* the slot's */
     Py_DECREF(h);
@@ -71,7 +71,7 @@ void handle_abandon(HandleObject *h) {
 
 /* Drops what a finished handle no longer needs (the tt and port stay, so
  * cancel() after the fact still has something to ask). */
-void handle_release_callback(HandleObject *self) {
+void ext_handle_release_callback(HandleObject *self) {
     PyObject *cb = self->callback, *args = self->args, *ctx = self->context;
     self->callback = self->args = self->context = NULL;
     Py_XDECREF(cb);
@@ -80,7 +80,7 @@ void handle_release_callback(HandleObject *self) {
 }
 
 /* 1 if this call won the cancel, 0 if not. */
-int handle_cancel(HandleObject *self) {
+int ext_handle_cancel(HandleObject *self) {
     if (atomic_load_explicit(&self->state, memory_order_acquire) != H_PENDING || !self->tt)
         return 0;
     int rc = bt_cancel(self->tt->core, self->id);
@@ -88,7 +88,7 @@ int handle_cancel(HandleObject *self) {
     /* We won the core's CAS: nobody else will touch the callback, and the
      * slot's reference to us is ours to drop. */
     atomic_store_explicit(&self->state, H_CANCELLED, memory_order_release);
-    handle_release_callback(self);
+    ext_handle_release_callback(self);
     Py_DECREF(self); /* the slot's reference; the caller still holds one */
     return 1;
 }
@@ -96,10 +96,10 @@ int handle_cancel(HandleObject *self) {
 static PyObject *Handle_cancel(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
     if (self->compat) {
         self->cancel_called = 1;
-        handle_cancel(self);
+        ext_handle_cancel(self);
         Py_RETURN_NONE;
     }
-    return PyBool_FromLong(handle_cancel(self));
+    return PyBool_FromLong(ext_handle_cancel(self));
 }
 
 static PyObject *Handle_cancelled(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -209,10 +209,10 @@ static inline int is_exit(void) {
 }
 
 /* The callback, in its context (a Timeout's expiry has none: see
- * handle_new).  Its result, or NULL with its exception set. */
+ * ext_handle_new).  Its result, or NULL with its exception set. */
 static PyObject *call_in_context(HandleObject *h, PyObject *cb, PyObject *args, PyObject *ctx) {
     if (ctx && PyContext_Enter(ctx) < 0) return NULL;
-    PyObject *res = h->is_timeout ? timeout_fire(cb) : PyObject_Call(cb, args, NULL);
+    PyObject *res = h->is_timeout ? ext_timeout_fire(cb) : PyObject_Call(cb, args, NULL);
     if (ctx) {
         PyObject *exc = res ? NULL : PyErr_GetRaisedException();
         PyContext_Exit(ctx);
@@ -245,7 +245,7 @@ static int report(HandleObject *h, PyObject *on_error, PyObject *cb, PyObject *a
     return rc;
 }
 
-int handle_run(HandleObject *h, PyObject *on_error, int drop) {
+int ext_handle_run(HandleObject *h, PyObject *on_error, int drop) {
     PyObject *cb = h->callback, *args = h->args, *ctx = h->context;
     h->callback = h->args = h->context = NULL;
     atomic_store_explicit(&h->state, drop ? H_DROPPED : H_RAN, memory_order_release);
@@ -261,17 +261,17 @@ int handle_run(HandleObject *h, PyObject *on_error, int drop) {
     return rc;
 }
 
-int handle_postpone(HandleObject *h, double when) {
+int ext_handle_postpone(HandleObject *h, double when) {
     if (bt_postpone(h->tt->core, h->id, bt_deadline_at(when)) != BT_POSTPONED) return 0;
     h->when = when;
     return 1;
 }
 
-void drop_handle(void *ctx, bt_port *port, void *payload) {
+void ext_drop_handle(void *ctx, bt_port *port, void *payload) {
     (void)ctx;
     if (!port || !payload) return;
     HandleObject *h = (HandleObject *)payload;
     atomic_store(&h->state, H_DROPPED);
-    handle_release_callback(h);
+    ext_handle_release_callback(h);
     Py_DECREF(h);
 }

@@ -1,14 +1,15 @@
 /*
- * timer_thread.c -- bucketimer._core.TimerThread: one bt_timer_thread, its
- * lifetime (init, close, dealloc), call_later/call_at, counters, where its
- * timers go (the port of each loop, and the dispatcher's: this file alone
- * opens, records and forgets them), and the process default TimerThread.
- * bucketimer.TimerThread (_timers.py) subclasses it to connect a new port
- * to its consumer (_attach: the loop's reader, the dispatcher thread).  Its fields are
- * touched with the GIL held; the one place in the module that lets the GIL
- * go is here, Py_BEGIN_ALLOW_THREADS around bt_create, bt_stop (it joins
- * the timer thread), bt_destroy and bt_get_stats; bt_drop_all's drop_handle
- * runs after bt_stop, with the GIL back.
+ * timer_thread_type.c -- bucketimer._core.TimerThread: one bt_timer_thread,
+ * its lifetime (init, close, dealloc), call_later/call_at, counters, where
+ * its timers go (the port of each loop, and the dispatcher's: this file
+ * alone opens, records and forgets them), and the process default
+ * TimerThread.  bucketimer.TimerThread (_timers.py) subclasses it to connect
+ * a new port to its consumer (_attach: the loop's reader, the dispatcher
+ * thread).  Its fields are touched with the GIL held; the one place in the
+ * module that lets the GIL go is here, Py_BEGIN_ALLOW_THREADS around
+ * bt_create, bt_stop (it joins the timer thread), bt_destroy and
+ * bt_get_stats; bt_drop_all's ext_drop_handle runs after bt_stop, with the
+ * GIL back.
  */
 #include "module.h"
 
@@ -32,9 +33,8 @@ static int TimerThread_init(TimerThreadObject *self, PyObject *args, PyObject *k
                      BT_MIN_DRAIN_THRESHOLD);
         return -1;
     }
-    PyObject *module = PyType_GetModuleByDef(Py_TYPE(self), &core_module);
-    if (!module) return -1;
-    self->st = get_state(module);
+    self->st = ext_state_of_type(Py_TYPE(self));
+    if (!self->st) return -1;
     self->ports = PyDict_New();
     if (!self->ports) return -1;
     bt_options opt;
@@ -46,14 +46,14 @@ static int TimerThread_init(TimerThreadObject *self, PyObject *args, PyObject *k
     rc = bt_create(&opt, &self->core);
     Py_END_ALLOW_THREADS
     if (rc) {
-        raise_errno(rc, "bt_create");
+        ext_raise_errno(rc, "bt_create");
         return -1;
     }
     return 0;
 }
 
-BT_GC_TRAVERSE(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
-BT_GC_CLEAR(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
+EXT_GC_TRAVERSE(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
+EXT_GC_CLEAR(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
 
 /* Stops the core and drops every pending or posted timer without running
  * it.  Returns how many were dropped, or -1 with RuntimeError set if its
@@ -78,7 +78,7 @@ static int64_t close_core(TimerThreadObject *self) {
         return -1;
     }
     self->stop_failed = 0;
-    return bt_drop_all(self->core, drop_handle, NULL);
+    return bt_drop_all(self->core, ext_drop_handle, NULL);
 }
 
 static void TimerThread_dealloc(TimerThreadObject *self) {
@@ -109,7 +109,7 @@ static void TimerThread_dealloc(TimerThreadObject *self) {
     Py_DECREF(tp);
 }
 
-int check_open(TimerThreadObject *self) {
+int ext_check_open(TimerThreadObject *self) {
     if (!self->core) {
         PyErr_SetString(PyExc_RuntimeError, "TimerThread is not initialised");
         return -1;
@@ -117,7 +117,7 @@ int check_open(TimerThreadObject *self) {
     if (self->closed || self->stop_failed || bt_is_stopped(self->core)) {
         /* stopped by neither close() nor a failed one: made before a fork() */
         int forked = !self->closed && !self->stop_failed;
-        raise_errno(forked ? -ECHILD : -ESHUTDOWN, "");
+        ext_raise_errno(forked ? -ECHILD : -ESHUTDOWN, "");
         return -1;
     }
     return 0;
@@ -134,7 +134,7 @@ int check_open(TimerThreadObject *self) {
 
 static inline int port_is_open(PortObject *p) { return bt_port_fd(p->port) >= 0; }
 
-static int check_loop(core_state *st, PyObject *loop) {
+static int check_loop(ext_state *st, PyObject *loop) {
     int ok = PyObject_IsInstance(loop, st->AbstractEventLoop);
     if (ok == 0)
         PyErr_Format(PyExc_TypeError, "loop must be an asyncio event loop or None, not %.100s",
@@ -143,7 +143,7 @@ static int check_loop(core_state *st, PyObject *loop) {
 }
 
 /* 1 if `loop` is closed, 0 if not, -1 with an exception. */
-static int loop_is_closed(core_state *st, PyObject *loop) {
+static int loop_is_closed(ext_state *st, PyObject *loop) {
     PyObject *r = PyObject_CallMethodNoArgs(loop, st->str_is_closed);
     if (!r) return -1;
     int closed = PyObject_IsTrue(r);
@@ -175,7 +175,7 @@ static PortObject *forget(TimerThreadObject *self, PyObject *loop) {
 static void forget_and_release(TimerThreadObject *self, PyObject *loop, PortObject *port) {
     PyObject *exc = PyErr_GetRaisedException();
     PortObject *p = forget(self, loop);
-    if (p == port && port_release(p) < 0) PyErr_WriteUnraisable((PyObject *)self);
+    if (p == port && ext_port_release(p) < 0) PyErr_WriteUnraisable((PyObject *)self);
     if (!p && PyErr_Occurred()) PyErr_WriteUnraisable((PyObject *)self);
     Py_XDECREF(p);
     PyErr_SetRaisedException(exc);
@@ -196,12 +196,12 @@ static PortObject *record(TimerThreadObject *self, PyObject *loop, PortObject *f
 static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
     bt_port *bp;
     int rc = bt_port_open(self->core, 1, &bp);
-    if (rc) return (PortObject *)raise_errno(rc, "bt_port_open");
-    PortObject *fresh = port_new(self, bp, loop, 0);
+    if (rc) return (PortObject *)ext_raise_errno(rc, "bt_port_open");
+    PortObject *fresh = ext_port_new(self, bp, loop, 0);
     if (!fresh) return NULL; /* bp is the core's, freed with it */
     PortObject *port = record(self, loop, fresh);
     if (port != fresh) { /* lost the race (or failed): fresh was never used */
-        if (port_release(fresh) < 0) PyErr_WriteUnraisable((PyObject *)self);
+        if (ext_port_release(fresh) < 0) PyErr_WriteUnraisable((PyObject *)self);
         Py_DECREF(fresh);
         return port;
     }
@@ -220,7 +220,7 @@ static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
 /* The port of `loop` (None: the dispatcher's), a new reference: once the
  * GIL is let go, another thread may forget it and drop every other
  * reference to it. */
-PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
+PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
 #ifndef Py_GIL_DISABLED
     if (loop == self->cached_loop && port_is_open(self->cached_port))
         return (PortObject *)Py_NewRef(self->cached_port);
@@ -253,8 +253,8 @@ PortObject *port_for(TimerThreadObject *self, PyObject *loop) {
 }
 
 static PyObject *TimerThread_port(TimerThreadObject *self, PyObject *loop) {
-    if (check_open(self) < 0) return NULL;
-    return (PyObject *)port_for(self, loop);
+    if (ext_check_open(self) < 0) return NULL;
+    return (PyObject *)ext_port_for(self, loop);
 }
 
 static PyObject *TimerThread_forget(TimerThreadObject *self, PyObject *loop) {
@@ -283,22 +283,22 @@ static PyObject *TimerThread_get_dispatcher(TimerThreadObject *self, void *Py_UN
 }
 
 /* call_later(delay, callback, *args, loop=None, context=None) and call_at. */
-static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssize_t nargs,
+static PyObject *call_later_or_at(TimerThreadObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames, int absolute) {
     PyObject *loop = NULL, *context = NULL;
-    if (parse_schedule_args(args, nargs, kwnames, absolute, &loop, &context) < 0) return NULL;
-    if (check_open(self) < 0) return NULL;
+    if (ext_parse_schedule_args(args, nargs, kwnames, absolute, &loop, &context) < 0) return NULL;
+    if (ext_check_open(self) < 0) return NULL;
     double t;
-    if (to_seconds(args[0], absolute ? "when" : "delay", &t) < 0) return NULL;
+    if (ext_to_seconds(args[0], absolute ? "when" : "delay", &t) < 0) return NULL;
     /* Where it will be delivered. */
     PyObject *resolved = NULL;
     if (loop == NULL || loop == Py_None) {
-        resolved = bt_running_loop(&self->st->compat);
+        resolved = ext_running_loop(&self->st->compat);
         if (!resolved) return NULL;
     } else {
         resolved = Py_NewRef(loop);
     }
-    PyObject *h = schedule_resolved(self, absolute, t, args[1], args + 2, nargs - 2, resolved,
+    PyObject *h = ext_schedule(self, absolute, t, args[1], args + 2, nargs - 2, resolved,
                                     context, 0);
     Py_DECREF(resolved);
     return h;
@@ -306,17 +306,17 @@ static PyObject *schedule(TimerThreadObject *self, PyObject *const *args, Py_ssi
 
 static PyObject *TimerThread_call_later(TimerThreadObject *self, PyObject *const *args,
                                         Py_ssize_t nargs, PyObject *kwnames) {
-    return schedule(self, args, PyVectorcall_NARGS(nargs), kwnames, 0);
+    return call_later_or_at(self, args, PyVectorcall_NARGS(nargs), kwnames, 0);
 }
 
 static PyObject *TimerThread_call_at(TimerThreadObject *self, PyObject *const *args,
                                      Py_ssize_t nargs, PyObject *kwnames) {
-    return schedule(self, args, PyVectorcall_NARGS(nargs), kwnames, 1);
+    return call_later_or_at(self, args, PyVectorcall_NARGS(nargs), kwnames, 1);
 }
 
 static PyObject *TimerThread_orphans(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (!self->core) return raise_errno(-EINVAL, "orphans");
-    return (PyObject *)port_new(self, bt_orphans(self->core), Py_None, 1);
+    if (!self->core) return ext_raise_errno(-EINVAL, "orphans");
+    return (PyObject *)ext_port_new(self, bt_orphans(self->core), Py_None, 1);
 }
 
 static PyObject *TimerThread_close_core(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -393,7 +393,7 @@ static PyMethodDef TimerThread_methods[] = {
      "_attach(loop, port)\n\nConnect a newly opened port to its consumer; a subclass's job."},
     {"_orphans", (PyCFunction)TimerThread_orphans, METH_NOARGS, NULL},
     {"_close_core", (PyCFunction)TimerThread_close_core, METH_NOARGS, NULL},
-    {"_scheduler", (PyCFunction)TimerThread_scheduler, METH_VARARGS, NULL},
+    {"_scheduler", (PyCFunction)ext_TimerThread_scheduler, METH_VARARGS, NULL},
     {NULL}};
 
 static PyGetSetDef TimerThread_getset[] = {
@@ -435,7 +435,7 @@ static int is_live(TimerThreadObject *tt) {
 /* The process default TimerThread (borrowed): made on first use from the
  * class bucketimer registered, and made anew once closed or inherited
  * through fork() (its core is stopped in the child). */
-TimerThreadObject *default_tt(core_state *st) {
+TimerThreadObject *ext_default_tt(ext_state *st) {
     TimerThreadObject *tt = (TimerThreadObject *)st->default_tt;
     if (is_live(tt)) return tt;
     if (!st->default_class) {

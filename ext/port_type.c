@@ -1,9 +1,9 @@
 /*
- * port.c -- bucketimer._core.Port, the consumer's side of a bt_port: one per
- * event loop (its eventfd is registered with loop.add_reader) and one for the
- * dispatcher thread.  drain() acks the eventfd, takes the posted timers and,
+ * port_type.c -- bucketimer._core.Port, the consumer's side of a bt_port:
+ * one per event loop (its eventfd is registered with loop.add_reader) and
+ * one for the dispatcher thread.  drain() acks the eventfd, takes the posted timers and,
  * right before calling each, claims it (POSTED -> RUNNING), so a cancel that
- * lands while it waits still wins (handle.c runs it).  Runs with the GIL,
+ * lands while it waits still wins (handle_type.c runs it).  Runs with the GIL,
  * in the loop's (or the dispatcher's) thread only; detach() closes the fd
  * and releases what is queued unrun (docs/design.rst, "Delivery" and rule 11).  The `draining`
  * flag keeps a second drain out while one runs (a callback's, or another
@@ -13,8 +13,8 @@
 
 /* ---- Port --------------------------------------------------------------- */
 
-BT_GC_TRAVERSE(Port, PortObject, PORT_REFS)
-BT_GC_CLEAR(Port, PortObject, PORT_REFS)
+EXT_GC_TRAVERSE(Port, PortObject, PORT_REFS)
+EXT_GC_CLEAR(Port, PortObject, PORT_REFS)
 
 static void Port_dealloc(PortObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -46,7 +46,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
         }
         /* The slot's reference to h is ours now. */
         bt_timer_release(self->port, t);
-        int rc = handle_run(h, self->on_error, drop);
+        int rc = ext_handle_run(h, self->on_error, drop);
         Py_DECREF(h);
         ran++;
         if (rc < 0) {
@@ -69,8 +69,8 @@ static PyObject *Port_drain(PortObject *self, PyObject *Py_UNUSED(ignored)) {
  * this port) alive until their deadlines.  O(the core's slots): once per
  * loop close. */
 static PyObject *Port_cancel_pending(PortObject *self, PyObject *Py_UNUSED(ignored)) {
-    int64_t n = bt_port_cancel_all(self->port, drop_handle, NULL);
-    if (n < 0) return raise_errno((int)n, "cancel_pending");
+    int64_t n = bt_port_cancel_all(self->port, ext_drop_handle, NULL);
+    if (n < 0) return ext_raise_errno((int)n, "cancel_pending");
     return PyLong_FromLongLong(n);
 }
 
@@ -88,14 +88,14 @@ static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
         PyErr_SetString(PyExc_ValueError, "the TimerThread's orphan port cannot be detached");
         return NULL;
     }
-    if (rc) return raise_errno(rc, "detach");
+    if (rc) return ext_raise_errno(rc, "detach");
     PyObject *r = Port_drain_impl(self, 1);
     if (!r) return NULL;
     Py_DECREF(r);
     Py_RETURN_NONE;
 }
 
-int port_release(PortObject *self) {
+int ext_port_release(PortObject *self) {
     PyObject *r = Port_detach(self, NULL);
     if (!r) return -1;
     Py_DECREF(r);
@@ -149,7 +149,7 @@ PyType_Spec Port_spec = {
     .slots = Port_slots,
 };
 
-PortObject *port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop) {
+PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop) {
     PortObject *self = PyObject_GC_New(PortObject, tt->st->Port_Type);
     if (!self) return NULL;
     self->port = p;

@@ -1,5 +1,5 @@
 /*
- * scheduler.c -- the drop-in loop's call_at/call_later: a callable bound to
+ * scheduler_type.c -- the drop-in loop's call_at/call_later: a callable bound to
  * (TimerThread, loop), set on the loop instance (loop.py), so that
  * loop.call_later(d, cb) is one vectorcall into schedule.c.  Its handles
  * have asyncio.TimerHandle's semantics (cancel() returns None).  A
@@ -24,17 +24,17 @@ static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *ar
                                       PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *context = NULL;
-    if (parse_schedule_args(args, nargs, kwnames, self->absolute, NULL, &context) < 0)
+    if (ext_parse_schedule_args(args, nargs, kwnames, self->absolute, NULL, &context) < 0)
         return NULL;
-    if (check_open(self->tt) < 0) return NULL;
+    if (ext_check_open(self->tt) < 0) return NULL;
     double t;
-    if (to_seconds(args[0], self->absolute ? "when" : "delay", &t) < 0) return NULL;
-    return schedule_resolved(self->tt, self->absolute, t, args[1], args + 2, nargs - 2, self->loop,
-                             context, SCHED_COMPAT);
+    if (ext_to_seconds(args[0], self->absolute ? "when" : "delay", &t) < 0) return NULL;
+    return ext_schedule(self->tt, self->absolute, t, args[1], args + 2, nargs - 2, self->loop,
+                             context, EXT_SCHED_COMPAT);
 }
 
-BT_GC_TRAVERSE(Scheduler, SchedulerObject, SCHEDULER_REFS)
-BT_GC_CLEAR(Scheduler, SchedulerObject, SCHEDULER_REFS)
+EXT_GC_TRAVERSE(Scheduler, SchedulerObject, SCHEDULER_REFS)
+EXT_GC_CLEAR(Scheduler, SchedulerObject, SCHEDULER_REFS)
 
 static void Scheduler_dealloc(SchedulerObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -66,11 +66,11 @@ PyType_Spec Scheduler_spec = {
 };
 
 /* TimerThread._scheduler(loop, absolute) */
-PyObject *TimerThread_scheduler(TimerThreadObject *self, PyObject *args) {
+PyObject *ext_TimerThread_scheduler(TimerThreadObject *self, PyObject *args) {
     PyObject *loop;
     int absolute;
     if (!PyArg_ParseTuple(args, "Op:_scheduler", &loop, &absolute)) return NULL;
-    if (!self->st) return raise_errno(-EINVAL, "_scheduler");
+    if (!self->st) return ext_raise_errno(-EINVAL, "_scheduler");
     SchedulerObject *o = PyObject_GC_New(SchedulerObject, self->st->Scheduler_Type);
     if (!o) return NULL;
     o->vectorcall = (vectorcallfunc)Scheduler_vectorcall;

@@ -1,5 +1,5 @@
 /*
- * timeout.c -- bucketimer.Timeout, timeout() and timeout_at(): asyncio's
+ * timeout_type.c -- bucketimer.Timeout, timeout() and timeout_at(): asyncio's
  * Timeout with its timer in the core.  A Timeout, its Steps and the module
  * state's loop-clock cache are touched only with the GIL held, on the
  * loop's thread (the expiry runs there too, from the loop's Port).
@@ -26,7 +26,7 @@ static const char *const timeout_state_names[] = {"created", "active", "expiring
  * 3.12 saves a quarter of an `async with timeout()`.  The answer is cached
  * for the last loop class seen; patching `time` on a class after it was
  * first seen here goes unnoticed. */
-static int loop_time_is_stock(core_state *st, PyObject *loop) {
+static int loop_time_is_stock(ext_state *st, PyObject *loop) {
     PyTypeObject *tp = Py_TYPE(loop);
     if (tp != st->time_checked_type) {
         PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
@@ -38,7 +38,7 @@ static int loop_time_is_stock(core_state *st, PyObject *loop) {
     return st->time_checked_is_stock;
 }
 
-static PyObject *loop_time(core_state *st, PyObject *loop) {
+static PyObject *loop_time(ext_state *st, PyObject *loop) {
     int stock = loop_time_is_stock(st, loop);
     if (stock < 0) return NULL;
     /* time.monotonic() computes the same double from the same ns */
@@ -49,7 +49,7 @@ static PyObject *loop_time(core_state *st, PyObject *loop) {
 /* `when <= loop.time()`, as asyncio's reschedule() asks it.  `now_ns`, if
  * not negative, is the stock clock read a moment ago by the same caller
  * (no Python code ran in between). */
-static int deadline_reached(core_state *st, PyObject *loop, PyObject *when, int64_t now_ns) {
+static int deadline_reached(ext_state *st, PyObject *loop, PyObject *when, int64_t now_ns) {
     if (PyFloat_CheckExact(when)) {
         int stock = loop_time_is_stock(st, loop);
         if (stock < 0) return -1;
@@ -63,8 +63,8 @@ static int deadline_reached(core_state *st, PyObject *loop, PyObject *when, int6
     return past;
 }
 
-PyObject *need_running_loop(core_state *st) {
-    PyObject *loop = bt_running_loop(&st->compat);
+PyObject *ext_need_running_loop(ext_state *st) {
+    PyObject *loop = ext_running_loop(&st->compat);
     if (loop == Py_None) {
         Py_DECREF(loop);
         PyErr_SetString(PyExc_RuntimeError, "no running event loop");
@@ -75,22 +75,22 @@ PyObject *need_running_loop(core_state *st) {
 
 /* ---- the Timeout object ---------------------------------------------------- */
 
-BT_GC_TRAVERSE(Timeout, TimeoutObject, TIMEOUT_REFS)
-BT_GC_CLEAR(Timeout, TimeoutObject, TIMEOUT_REFS)
+EXT_GC_TRAVERSE(Timeout, TimeoutObject, TIMEOUT_REFS)
+EXT_GC_CLEAR(Timeout, TimeoutObject, TIMEOUT_REFS)
 
 static void Timeout_dealloc(TimeoutObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
     Timeout_clear(self);
-    if (tp == self->st->Timeout_Type && bt_freelist_put(&self->st->timeouts, (PyObject *)self))
+    if (tp == self->st->Timeout_Type && ext_freelist_put(&self->st->timeouts, (PyObject *)self))
         return;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
-static PyObject *timeout_make(core_state *st, PyObject *when) {
-    TimeoutObject *self = (TimeoutObject *)bt_freelist_take(&st->timeouts, st->Timeout_Type);
+static PyObject *timeout_make(ext_state *st, PyObject *when) {
+    TimeoutObject *self = (TimeoutObject *)ext_freelist_take(&st->timeouts, st->Timeout_Type);
     if (!self && !(self = PyObject_GC_New(TimeoutObject, st->Timeout_Type))) return NULL;
     self->st = st;
     self->state = T_CREATED;
@@ -106,16 +106,15 @@ static PyObject *Timeout_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"when", NULL};
     PyObject *when;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:Timeout", kwlist, &when)) return NULL;
-    PyObject *m = PyType_GetModuleByDef(type, &core_module);
-    if (!m) return NULL;
-    return timeout_make(get_state(m), when);
+    ext_state *st = ext_state_of_type(type);
+    return st ? timeout_make(st, when) : NULL;
 }
 
 /* ---- arming and disarming the expiry --------------------------------------- */
 
-static int cancel_any_handle(core_state *st, PyObject *h) {
+static int cancel_any_handle(ext_state *st, PyObject *h) {
     if (Py_IS_TYPE(h, st->Handle_Type)) {
-        handle_cancel((HandleObject *)h);
+        ext_handle_cancel((HandleObject *)h);
         return 0;
     }
     PyObject *r = PyObject_CallMethodNoArgs(h, st->str_cancel);
@@ -151,10 +150,10 @@ static PyObject *expire_soon(TimeoutObject *self, PyObject *loop) {
  * Timeout directly. */
 static PyObject *expire_at(TimeoutObject *self, PyObject *loop) {
     double t;
-    if (to_seconds(self->when, "when", &t) < 0) return NULL;
-    TimerThreadObject *tt = default_tt(self->st);
-    if (!tt || check_open(tt) < 0) return NULL;
-    return schedule_resolved(tt, 1, t, (PyObject *)self, NULL, 0, loop, NULL, SCHED_TIMEOUT);
+    if (ext_to_seconds(self->when, "when", &t) < 0) return NULL;
+    TimerThreadObject *tt = ext_default_tt(self->st);
+    if (!tt || ext_check_open(tt) < 0) return NULL;
+    return ext_schedule(tt, 1, t, (PyObject *)self, NULL, 0, loop, NULL, EXT_SCHED_TIMEOUT);
 }
 
 /* Arms the expiry for self->when on the running `loop` (`now_ns` as for
@@ -175,7 +174,7 @@ static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
  * deadline not a plain number or already reached, or earlier than the armed
  * one): the caller disarms and arms, as asyncio does; -1: error. */
 static int timeout_postpone(TimeoutObject *self, PyObject *when) {
-    core_state *st = self->st;
+    ext_state *st = self->st;
     HandleObject *h = (HandleObject *)self->handler;
     if (!h || !Py_IS_TYPE(h, st->Handle_Type) ||
         atomic_load_explicit(&h->state, memory_order_acquire) != H_PENDING)
@@ -186,14 +185,14 @@ static int timeout_postpone(TimeoutObject *self, PyObject *when) {
         PyErr_Clear(); /* the general path raises it, in asyncio's order */
         return 0;
     }
-    PyObject *loop = bt_running_loop(&st->compat);
+    PyObject *loop = ext_running_loop(&st->compat);
     if (!loop) return -1;
     int ours = loop == h->port->loop;
     int past = ours ? deadline_reached(st, loop, when, -1) : 0;
     Py_DECREF(loop);
     if (past < 0) return -1;
     if (!ours || past || isnan(t)) return 0;
-    return handle_postpone(h, t);
+    return ext_handle_postpone(h, t);
 }
 
 static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
@@ -213,7 +212,7 @@ static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
     }
     if (timeout_disarm(self) < 0) return NULL;
     if (when == Py_None) Py_RETURN_NONE;
-    PyObject *loop = need_running_loop(self->st);
+    PyObject *loop = ext_need_running_loop(self->st);
     if (!loop) return NULL;
     int rc = timeout_arm(self, loop, -1);
     Py_DECREF(loop);
@@ -231,7 +230,7 @@ static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ign
     Py_RETURN_NONE;
 }
 
-PyObject *timeout_fire(PyObject *timeout) {
+PyObject *ext_timeout_fire(PyObject *timeout) {
     return Timeout_on_timeout((TimeoutObject *)timeout, NULL);
 }
 
@@ -239,7 +238,7 @@ PyObject *timeout_fire(PyObject *timeout) {
 
 /* task.cancelling().  For asyncio's own Task type the method is called
  * through its descriptor, which skips looking in the task's __dict__. */
-static PyObject *task_cancelling(core_state *st, PyObject *task) {
+static PyObject *task_cancelling(ext_state *st, PyObject *task) {
     if (Py_TYPE(task) == st->task_type && st->task_cancelling)
         return PyObject_Vectorcall(st->task_cancelling, &task, 1, NULL);
     return PyObject_CallMethodNoArgs(task, st->str_cancelling);
@@ -247,13 +246,13 @@ static PyObject *task_cancelling(core_state *st, PyObject *task) {
 
 /* What __aenter__ does, on the running `loop` (`now_ns` as for
  * deadline_reached()). */
-int timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
-    core_state *st = self->st;
+int ext_timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
+    ext_state *st = self->st;
     if (self->state != T_CREATED) {
         PyErr_SetString(PyExc_RuntimeError, "Timeout has already been entered");
         return -1;
     }
-    PyObject *task = bt_current_task(&st->compat, loop);
+    PyObject *task = ext_current_task(&st->compat, loop);
     if (!task) return -1;
     if (task == Py_None) {
         Py_DECREF(task);
@@ -287,7 +286,7 @@ static int raise_timeout_from(PyObject *exc) {
 #if PY_VERSION_HEX >= 0x030D0000
 /* The first CancelledError in exc's context chain gets a TimeoutError put
  * in front of it (asyncio's Timeout._insert_timeout_error, 3.13). */
-static int insert_timeout_error(core_state *st, PyObject *exc) {
+static int insert_timeout_error(ext_state *st, PyObject *exc) {
     Py_INCREF(exc);
     PyObject *ctx;
     while ((ctx = PyException_GetContext(exc)) != NULL) {
@@ -310,7 +309,7 @@ static int insert_timeout_error(core_state *st, PyObject *exc) {
 }
 
 /* insert_timeout_error() on each exception of an ExceptionGroup. */
-static int insert_timeout_error_each(core_state *st, PyObject *group) {
+static int insert_timeout_error_each(ext_state *st, PyObject *group) {
     PyObject *excs = PyObject_GetAttr(group, st->str_exceptions);
     if (!excs) return -1;
     PyObject *it = PyObject_GetIter(excs);
@@ -329,7 +328,7 @@ static int insert_timeout_error_each(core_state *st, PyObject *group) {
 
 /* The exit of an expired Timeout whose cancellation nobody else asked for:
  * the CancelledError it caused becomes TimeoutError. */
-static int expired_exit(core_state *st, PyObject *exc_type, PyObject *exc_val) {
+static int expired_exit(ext_state *st, PyObject *exc_type, PyObject *exc_val) {
 #if PY_VERSION_HEX >= 0x030D0000
     int sub = PyObject_IsSubclass(exc_type, st->CancelledError);
     if (sub < 0) return -1;
@@ -346,14 +345,14 @@ static int expired_exit(core_state *st, PyObject *exc_type, PyObject *exc_val) {
 }
 
 /* What __aexit__ does. */
-int timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val) {
-    core_state *st = self->st;
+int ext_timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val) {
+    ext_state *st = self->st;
     if (self->state != T_ENTERED && self->state != T_EXPIRING) {
         PyErr_Format(PyExc_AssertionError, "__aexit__ of a %s Timeout",
                      timeout_state_names[self->state]);
         return -1;
     }
-    bt_forget_stop_iteration(&st->compat, (PyObject *)self);
+    ext_forget_stop_iteration(&st->compat, (PyObject *)self);
     if (timeout_disarm(self) < 0) return -1;
     if (self->state == T_ENTERED) {
         self->state = T_EXITED;
@@ -379,7 +378,7 @@ enum { STEP_ENTER, STEP_EXIT, STEP_DONE };
 
 typedef struct {
     PyObject_HEAD
-    core_state *st;
+    ext_state *st;
     int op;
     TimeoutObject *timeout;       /* until the step ran */
     PyObject *exc_type, *exc_val; /* __aexit__'s arguments */
@@ -387,8 +386,8 @@ typedef struct {
 #define STEP_REFS(X) X(timeout) X(exc_type) X(exc_val)
 
 static PyObject *step_new(TimeoutObject *t, int op, PyObject *exc_type, PyObject *exc_val) {
-    core_state *st = t->st;
-    StepObject *s = (StepObject *)bt_freelist_take(&st->steps, st->Step_Type);
+    ext_state *st = t->st;
+    StepObject *s = (StepObject *)ext_freelist_take(&st->steps, st->Step_Type);
     if (!s && !(s = PyObject_GC_New(StepObject, st->Step_Type))) return NULL;
     s->st = st;
     s->op = op;
@@ -399,11 +398,11 @@ static PyObject *step_new(TimeoutObject *t, int op, PyObject *exc_type, PyObject
     return (PyObject *)s;
 }
 
-BT_GC_TRAVERSE(Step, StepObject, STEP_REFS)
+EXT_GC_TRAVERSE(Step, StepObject, STEP_REFS)
 
 static int Step_clear(StepObject *self) {
     self->op = STEP_DONE;
-    STEP_REFS(BT_CLEAR_REF)
+    STEP_REFS(EXT_CLEAR_REF)
     return 0;
 }
 
@@ -411,7 +410,7 @@ static void Step_dealloc(StepObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     Step_clear(self);
-    if (tp == self->st->Step_Type && bt_freelist_put(&self->st->steps, (PyObject *)self)) return;
+    if (tp == self->st->Step_Type && ext_freelist_put(&self->st->steps, (PyObject *)self)) return;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -436,11 +435,11 @@ static int step_run(StepObject *self, PyObject *arg, PyObject **result) {
     self->timeout = NULL;
     self->exc_type = self->exc_val = NULL;
     if (op == STEP_ENTER) {
-        PyObject *loop = need_running_loop(t->st);
-        rc = loop ? timeout_enter(t, loop, -1) : -1;
+        PyObject *loop = ext_need_running_loop(t->st);
+        rc = loop ? ext_timeout_enter(t, loop, -1) : -1;
         Py_XDECREF(loop);
     } else {
-        rc = timeout_exit(t, exc_type, exc_val);
+        rc = ext_timeout_exit(t, exc_type, exc_val);
         Py_DECREF(exc_type);
         Py_DECREF(exc_val);
     }
@@ -463,7 +462,7 @@ static PyObject *step_stop(StepObject *self, PyObject *arg, int bare_none) {
         if (!bare_none) PyErr_SetNone(PyExc_StopIteration);
         return NULL;
     }
-    bt_raise_stop_iteration(&self->st->compat, result);
+    ext_raise_stop_iteration(&self->st->compat, result);
     Py_DECREF(result);
     return NULL;
 }
@@ -474,7 +473,7 @@ static PyObject *Step_send(StepObject *self, PyObject *arg) { return step_stop(s
 
 /* The exception a coroutine's throw(exc) or throw(type[, value[, tb]]) is
  * asked to raise, checked as generators check it; NULL with an error set. */
-PyObject *throw_args_exception(PyObject *const *args, Py_ssize_t nargs) {
+PyObject *ext_throw_args_exception(PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 3) {
         PyErr_Format(PyExc_TypeError, "throw expected at least 1 argument, got %zd", nargs);
         return NULL;
@@ -508,7 +507,7 @@ PyObject *throw_args_exception(PyObject *const *args, Py_ssize_t nargs) {
 /* throw() before the step ran: it never will, and the exception is raised
  * here, as from a coroutine thrown into before its first line. */
 static PyObject *Step_throw(StepObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *exc = throw_args_exception(args, nargs);
+    PyObject *exc = ext_throw_args_exception(args, nargs);
     if (!exc) return NULL;
     Step_clear(self);
     PyErr_SetRaisedException(exc);
@@ -642,7 +641,7 @@ PyType_Spec Timeout_spec = {
 /* timeout(delay) on the running `loop`: a Timeout due at loop.time() +
  * delay.  *now_ns gets the stock clock's reading if that is what was read,
  * else -1. */
-PyObject *timeout_on_loop(core_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns) {
+PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns) {
     PyObject *when = NULL;
     int stock;
     *now_ns = -1;
@@ -672,16 +671,16 @@ PyObject *timeout_on_loop(core_state *st, PyObject *loop, PyObject *delay, int64
     return t;
 }
 
-PyObject *core_timeout(PyObject *m, PyObject *delay) {
-    core_state *st = get_state(m);
-    PyObject *loop = need_running_loop(st);
+PyObject *ext_timeout(PyObject *m, PyObject *delay) {
+    ext_state *st = ext_state_of_module(m);
+    PyObject *loop = ext_need_running_loop(st);
     if (!loop) return NULL;
     int64_t now_ns;
-    PyObject *t = timeout_on_loop(st, loop, delay, &now_ns);
+    PyObject *t = ext_timeout_on_loop(st, loop, delay, &now_ns);
     Py_DECREF(loop);
     return t;
 }
 
-PyObject *core_timeout_at(PyObject *m, PyObject *when) {
-    return timeout_make(get_state(m), when);
+PyObject *ext_timeout_at(PyObject *m, PyObject *when) {
+    return timeout_make(ext_state_of_module(m), when);
 }

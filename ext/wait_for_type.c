@@ -1,8 +1,8 @@
 /*
- * wait_for.c -- wait_for() of 3.12 and later: asyncio's coroutine
+ * wait_for_type.c -- wait_for() of 3.12 and later: asyncio's coroutine
  * `async with timeout(t): return await fut`, written out by hand as a C
  * coroutine object (send/throw/close, __await__, a finaliser), over
- * timeout.c's enter and exit.  See the section comment below.  A WaitFor is
+ * timeout_type.c's enter and exit.  See the section comment below.  A WaitFor is
  * touched only with the GIL held, by whoever drives it (its `running` flag
  * refuses a re-entrant send/throw/close); it holds no core lock.
  */
@@ -38,7 +38,7 @@ enum { W_CREATED, W_SUSPENDED, W_CLOSED };
 
 typedef struct {
     PyObject_HEAD
-    core_state *st;
+    ext_state *st;
     int state;
     int running;       /* inside send/throw/close */
     PyObject *fut;     /* what to await, until started */
@@ -48,8 +48,8 @@ typedef struct {
 } WaitForObject;
 #define WAITFOR_REFS(X) X(fut) X(delay) X(inner) X(timeout)
 
-BT_GC_TRAVERSE(WaitFor, WaitForObject, WAITFOR_REFS)
-BT_GC_CLEAR(WaitFor, WaitForObject, WAITFOR_REFS)
+EXT_GC_TRAVERSE(WaitFor, WaitForObject, WAITFOR_REFS)
+EXT_GC_CLEAR(WaitFor, WaitForObject, WAITFOR_REFS)
 
 static void WaitFor_dealloc(WaitForObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -91,12 +91,12 @@ static PyObject *not_awaitable(PyObject *o, PyObject *res) {
 }
 
 /* What `await o` iterates: the interpreter's GET_AWAITABLE. */
-static PyObject *awaitable_iter(core_state *st, PyObject *o) {
+static PyObject *awaitable_iter(ext_state *st, PyObject *o) {
     if (is_coroutine(o)) {
         if (PyCoro_CheckExact(o)) {
             /* a coroutine suspended in an await of its own is someone
              * else's to drive */
-            PyObject *yf = bt_coro_await(&st->compat, o);
+            PyObject *yf = ext_coro_await(&st->compat, o);
             if (!yf) return NULL;
             int busy = yf != Py_None;
             Py_DECREF(yf);
@@ -146,7 +146,7 @@ static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject
     self->state = W_CLOSED;
     if (!tm) return r;
     if (r == PYGEN_RETURN) {
-        if (timeout_exit(tm, Py_None, Py_None) < 0) {
+        if (ext_timeout_exit(tm, Py_None, Py_None) < 0) {
             Py_CLEAR(*result);
             r = PYGEN_ERROR;
         }
@@ -157,7 +157,7 @@ static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject
          * __context__, not whatever the awaiting code was handling. */
         PyObject *handled = PyErr_GetHandledException();
         PyErr_SetHandledException(exc);
-        int rc = timeout_exit(tm, (PyObject *)Py_TYPE(exc), exc);
+        int rc = ext_timeout_exit(tm, (PyObject *)Py_TYPE(exc), exc);
         PyErr_SetHandledException(handled);
         Py_XDECREF(handled);
         if (rc == 0) PyErr_SetRaisedException(exc); /* __aexit__ never swallows */
@@ -178,7 +178,7 @@ static PySendResult fetch_return(PyObject **result) {
 }
 
 /* Calls close() of an iterator, if it has one. */
-static int close_iter(core_state *st, PyObject *it) {
+static int close_iter(ext_state *st, PyObject *it) {
     PyObject *meth;
     if (optional_attr(it, st->str_close, &meth) < 0) return -1;
     if (!meth) return 0;
@@ -193,7 +193,7 @@ static int close_iter(core_state *st, PyObject *it) {
  * closes it and is raised here; an iterator without throw() lets the
  * exception be raised here. */
 static PySendResult waitfor_throw_inner(WaitForObject *self, PyObject *exc, PyObject **result) {
-    core_state *st = self->st;
+    ext_state *st = self->st;
     PyObject *inner = self->inner;
     if (PyErr_GivenExceptionMatches(exc, PyExc_GeneratorExit)) {
         if (close_iter(st, inner) < 0) return PYGEN_ERROR; /* that error is raised instead */
@@ -245,12 +245,12 @@ static PySendResult waitfor_first_send(WaitForObject *self, PyObject *inner,
  * run (it involves a Task: not a fast path in asyncio either). */
 static PySendResult waitfor_start_nonpositive(WaitForObject *self, PyObject *fut,
                                               PyObject **result) {
-    core_state *st = self->st;
+    ext_state *st = self->st;
     if (!st->wait_for_nonpositive) {
         PyErr_SetString(PyExc_RuntimeError, "bucketimer.aio is not initialised");
         return PYGEN_ERROR;
     }
-    PyObject *loop = need_running_loop(st);
+    PyObject *loop = ext_need_running_loop(st);
     if (!loop) return PYGEN_ERROR;
     PyObject *inner = PyObject_CallFunctionObjArgs(st->wait_for_nonpositive, fut, loop, NULL);
     Py_DECREF(loop);
@@ -261,12 +261,12 @@ static PySendResult waitfor_start_nonpositive(WaitForObject *self, PyObject *fut
  * the same running loop, and the clock read once (asyncio reads it twice, a
  * few hundred ns apart, and schedules in between nothing that could tell).
  * The entered Timeout, or NULL. */
-static PyObject *waitfor_enter(core_state *st, PyObject *delay) {
-    PyObject *loop = need_running_loop(st);
+static PyObject *waitfor_enter(ext_state *st, PyObject *delay) {
+    PyObject *loop = ext_need_running_loop(st);
     if (!loop) return NULL;
     int64_t now_ns;
-    PyObject *tm = timeout_on_loop(st, loop, delay, &now_ns);
-    if (tm && timeout_enter((TimeoutObject *)tm, loop, now_ns) < 0) Py_CLEAR(tm);
+    PyObject *tm = ext_timeout_on_loop(st, loop, delay, &now_ns);
+    if (tm && ext_timeout_enter((TimeoutObject *)tm, loop, now_ns) < 0) Py_CLEAR(tm);
     Py_DECREF(loop);
     return tm;
 }
@@ -343,7 +343,7 @@ static PySendResult WaitFor_am_send(WaitForObject *self, PyObject *arg, PyObject
 static PyObject *step_as_call(WaitForObject *self, PySendResult r, PyObject *result) {
     if (r == PYGEN_NEXT) return result;
     if (r == PYGEN_RETURN) {
-        bt_raise_stop_iteration(&self->st->compat, result);
+        ext_raise_stop_iteration(&self->st->compat, result);
         Py_DECREF(result);
     }
     return NULL;
@@ -367,7 +367,7 @@ static PyObject *WaitFor_send(WaitForObject *self, PyObject *arg) {
 
 /* throw(exc) or the older throw(type[, value[, traceback]]) */
 static PyObject *WaitFor_throw(WaitForObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    PyObject *exc = throw_args_exception(args, nargs);
+    PyObject *exc = ext_throw_args_exception(args, nargs);
     if (!exc) return NULL;
     PyObject *result;
     PySendResult r = waitfor_step(self, NULL, exc, &result);
@@ -485,7 +485,7 @@ PyType_Spec WaitFor_spec = {
     .slots = WaitFor_slots,
 };
 
-PyObject *core_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+PyObject *ext_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
                                PyObject *kwnames) {
     static const char *const names[] = {"fut", "timeout"};
     PyObject *vals[2] = {NULL, NULL};
@@ -517,7 +517,7 @@ PyObject *core_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
             PyErr_Format(PyExc_TypeError, "wait_for() missing required argument: '%s'", names[j]);
             return NULL;
         }
-    core_state *st = get_state(m);
+    ext_state *st = ext_state_of_module(m);
     WaitForObject *self = PyObject_GC_New(WaitForObject, st->WaitFor_Type);
     if (!self) return NULL;
     self->st = st;
@@ -530,8 +530,8 @@ PyObject *core_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
     return (PyObject *)self;
 }
 
-PyObject *core_set_wait_for_nonpositive(PyObject *m, PyObject *fn) {
-    Py_XSETREF(get_state(m)->wait_for_nonpositive, Py_NewRef(fn));
+PyObject *ext_set_wait_for_nonpositive(PyObject *m, PyObject *fn) {
+    Py_XSETREF(ext_state_of_module(m)->wait_for_nonpositive, Py_NewRef(fn));
     Py_RETURN_NONE;
 }
 
