@@ -252,37 +252,10 @@ int64_t bt_drop_all(bt_timer_thread *tt, bt_drop_fn on_drop, void *ctx) {
     if (!tt) return -EINVAL;
     if (bt__forked(tt)) return 0;
     if (!atomic_load(&tt->stop)) return -EBUSY;
-    /* Walk every slot: PENDING ones sit in lists or the heap, POSTED ones in
-     * ports; both become CANCELLED, and their owners bt__reap them as usual. */
-    int64_t dropped = 0;
-    uint32_t nblocks = atomic_load_explicit(&tt->nblocks, memory_order_acquire);
-    for (uint32_t bl = 0; bl < nblocks; bl++) {
-        struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);
-        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
-            struct bt_timer *t = &block[i];
-            uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
-            for (;;) {
-                uint32_t st = BT_WORD_STATE(w);
-                if (st != BT_S_PENDING && st != BT_S_POSTED) break;
-                /* Read before the CAS: once it succeeds the slot's owner may
-                 * retire and reuse it at once.  The acquire load of w made
-                 * the fields of this generation visible; if the slot moved
-                 * on since, the CAS fails. */
-                bt_port *port = bt__port_of(t);
-                void *arg = BT_LOAD(t->arg);
-                if (atomic_compare_exchange_weak_explicit(
-                        &t->word, &w, BT_WORD(BT_WORD_GEN(w), BT_S_CANCELLED),
-                        memory_order_acq_rel, memory_order_acquire)) {
-                    atomic_fetch_add_explicit(&tt->buckets[0].cancelled, 1,
-                                              memory_order_relaxed);
-                    dropped++;
-                    if (on_drop) on_drop(ctx, port, arg);
-                    break;
-                }
-            }
-        }
-    }
-    return dropped;
+    /* Every slot of every port: PENDING ones sit in lists or the heap,
+     * POSTED ones in ports; both become CANCELLED, and their owners bt__reap
+     * them as usual. */
+    return bt__pool_cancel(tt, NULL, on_drop, ctx);
 }
 
 /* Frees everything; the thread, if any, is joined or is the caller. */
