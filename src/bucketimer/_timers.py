@@ -81,7 +81,8 @@ class TimerThread(_core.TimerThread):
         fd = port.fileno()
         if closed or fd < 0:  # the loop's close detached it meanwhile
             raise RuntimeError("cannot schedule on a closed event loop")
-        if asyncio.events._get_running_loop() is loop:
+        in_loop = asyncio.events._get_running_loop() is loop
+        if in_loop:
             loop.add_reader(fd, port.drain)
         else:
             # Not from inside the loop: its selector is its own thread's
