@@ -126,6 +126,16 @@ def test_wait_for_in_asyncio_run() -> None:
     assert asyncio.run(main()) == 7
 
 
+async def _asyncio_wait_for_outcome() -> str:
+    """asyncio's own wait_for, on the running loop, of a sleep longer than
+    its timeout: "timed out" when the loop's timers work."""
+    try:
+        await asyncio.wait_for(asyncio.sleep(WAIT), 0.01)
+    except TimeoutError:
+        return "timed out"
+    return "no timeout"
+
+
 @native_only
 def test_drop_in_loop_serves_asyncio_timers_natively() -> None:
     tt = bucketimer.TimerThread()
@@ -137,11 +147,7 @@ def test_drop_in_loop_serves_asyncio_timers_natively() -> None:
 
             async def main() -> str:
                 await asyncio.sleep(0.01)
-                try:
-                    await asyncio.wait_for(asyncio.sleep(WAIT), 0.01)
-                except TimeoutError:
-                    return "timed out"
-                return "no timeout"
+                return await _asyncio_wait_for_outcome()
 
             assert runner.run(main()) == "timed out"
             assert loop._scheduled == []  # nothing went to asyncio's own heap
@@ -154,15 +160,7 @@ def test_drop_in_loop_serves_asyncio_timers_natively() -> None:
 
 def test_drop_in_loop_serves_asyncio_timers() -> None:
     with asyncio.Runner(loop_factory=bucketimer.new_event_loop) as runner:
-
-        async def main() -> str:
-            try:
-                await asyncio.wait_for(asyncio.sleep(WAIT), 0.01)
-            except TimeoutError:
-                return "timed out"
-            return "no timeout"
-
-        assert runner.run(main()) == "timed out"
+        assert runner.run(_asyncio_wait_for_outcome()) == "timed out"
 
 
 def test_new_event_loop_factory() -> None:

@@ -116,8 +116,7 @@ static void test_stale_id_after_reuse(void) {
 
 static void test_ports_manual(void) {
     bt_timer_thread *tt = manual_core(1000);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 1, &p) == 0);
+    bt_port *p = open_port(tt);
     CHECK(bt_port_fd(p) >= 0);
     uint64_t ids[4];
     for (int i = 0; i < 4; i++)
@@ -170,8 +169,7 @@ static void look(void *arg, uint64_t id) {
 
 static void test_counters_before_delivery(void) {
     bt_timer_thread *tt = manual_core(1000);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 1, &p) == 0);
+    bt_port *p = open_port(tt);
     struct seen w = {tt, p, 0, 0, 0};
     uint64_t a, b;
     CHECK(bt_schedule_port(tt, 2000, p, (void *)1, &a) == 0);
@@ -197,8 +195,7 @@ static void test_bad_input(void) {
     o.num_buckets = 100000;
     bt_timer_thread *bad = NULL;
     CHECK(bt_create(&o, &bad) == -EINVAL && bad == NULL);
-    bt_timer_thread *real;
-    CHECK(bt_create(NULL, &real) == 0);
+    bt_timer_thread *real = threaded_core();
     CHECK(bt_advance(real, 5) == -EINVAL);
     bt_destroy(real);
     bt_destroy(other);
@@ -208,8 +205,7 @@ static void test_bad_input(void) {
 static void test_garbage_bounded(void) {
     /* A million schedule+cancel pairs of far-away timers: bucket lists are
      * drained at the threshold and the heap never holds the dead. */
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     static struct rec rec;
     struct rec_arg a = {&rec, 0, 0, tt};
     int64_t far = bt_now_ns() + 3600LL * 1000 * MS;
@@ -264,8 +260,7 @@ static void test_heap_sweep(void) {
 }
 
 static void test_real_thread_fires_on_time(void) {
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     enum { N = 2000 };
@@ -301,8 +296,7 @@ static void test_real_thread_fires_on_time(void) {
 
 static void test_wake_for_earlier(void) {
     /* A far timer first, then a near one: the near one must wake the thread. */
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     struct rec_arg far = {&rec, bt_now_ns() + 10000 * MS, 0, tt};
@@ -326,13 +320,11 @@ static void on_drop(void *ctx, bt_port *port, void *payload) {
 }
 
 static void test_stop_drops_pending(void) {
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     struct rec_arg a = {&rec, 0, 0, tt};
-    bt_port *p;
-    CHECK(bt_port_open(tt, 1, &p) == 0);
+    bt_port *p = open_port(tt);
     uint64_t id;
     for (int i = 0; i < 100; i++)
         CHECK(bt_schedule_native(tt, bt_now_ns() + 1000 * MS, record, &a, &id) == 0);
@@ -488,8 +480,7 @@ static void *stop_core(void *arg) {
  * before the bucket fence and the join: its bt_drop_all could miss a schedule
  * in flight, and a bt_destroy after it freed memory the thread still used.) */
 static void test_second_concurrent_stop_waits_for_the_join(void) {
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     struct slow_cb c = {0, 0};
     uint64_t id;
     CHECK(bt_schedule_native(tt, bt_now_ns(), slow, &c, &id) == 0);
@@ -528,16 +519,6 @@ static void stop_self(void *arg, uint64_t id) {
     }
 }
 
-static int thread_count(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    int n = -1;
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "Threads: %d", &n) == 1) break;
-    if (f) fclose(f);
-    return n;
-}
-
 /* bt_stop from a native callback: the timer thread cannot join itself.  It
  * marks the core stopped and returns 0 at once; no other timer runs after
  * that callback (the rest of its pass is skipped, so a timer due at the same
@@ -545,8 +526,7 @@ static int thread_count(void) {
  * joins the thread.  (An earlier core called pthread_join on itself, ignored
  * EDEADLK, and went on firing the rest of the pass.) */
 static void test_stop_from_a_native_callback(void) {
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     static struct rec rec;
     memset(&rec, 0, sizeof(rec));
     struct stopper st = {tt, 0, -1, 0, 1};
@@ -576,10 +556,8 @@ static void test_stop_from_a_native_callback(void) {
  * pass went on in freed memory: ASan reports a heap-use-after-free.) */
 static void test_destroy_from_a_native_callback(void) {
     int before = thread_count();
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 1, &p) == 0);
+    bt_timer_thread *tt = threaded_core();
+    bt_port *p = open_port(tt);
     /* Static: the timer thread's last read of it is ordered with nothing
      * the test can wait on (it detaches and exits), so its stack frame must
      * not be reused by the tests that follow. */
@@ -643,10 +621,8 @@ static void test_stop_and_destroy_inside_advance(void) {
  * child calls everything, under an alarm.  (An earlier core's bt_port_open
  * took the ports mutex in the child and hung.) */
 static void test_fork_child_touches_no_lock_of_an_inherited_core(void) {
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 1, &p) == 0);
+    bt_timer_thread *tt = threaded_core();
+    bt_port *p = open_port(tt);
     uint64_t id;
     CHECK(bt_schedule_port(tt, bt_now_ns(), p, NULL, &id) == 0);
     bt_stats s;
@@ -718,8 +694,7 @@ static void *ack_port(void *arg) {
 }
 
 static void test_consumer_stuck_in_ack_delays_no_timer(void) {
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     bt_port *stuck, *other;
     CHECK(bt_port_open(tt, 1, &stuck) == 0);
     CHECK(bt_port_open(tt, 1, &other) == 0);

@@ -83,8 +83,7 @@ static void test_cancels_only_that_ports_timers(void) {
  * first, none gets there, and the slots come back free. */
 static void test_after_detach_nothing_reaches_the_orphans(void) {
     bt_timer_thread *tt = manual_core(1000);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 1, &p) == 0);
+    bt_port *p = open_port(tt);
     uint64_t id;
     for (intptr_t i = 0; i < 2000; i++)
         CHECK(bt_schedule_port(tt, 2000 + i, p, (void *)i, &id) == 0);
@@ -119,10 +118,8 @@ static void test_bad_input(void) {
  * cancelled by the walk (and handed to on_drop) or posted and then run by
  * the consumer, never both, never neither.  TSan watches the races. */
 static void test_races_the_timer_thread(void) {
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 1, &p) == 0);
+    bt_timer_thread *tt = threaded_core();
+    bt_port *p = open_port(tt);
     enum { N = 20000 };
     int64_t now = bt_now_ns();
     uint64_t id;

@@ -411,16 +411,6 @@ static void test_deadline_after_saturates_for_every_now(void) {
 
 /* ---- errors on the way in and out (failure injection: internal.h) -------- */
 
-static int thread_count(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    int n = -1;
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "Threads: %d", &n) == 1) break;
-    if (f) fclose(f);
-    return n;
-}
-
 /* bt_create whose slot pool fails to initialise answers that error and
  * leaves nothing made: no core, no thread, no id tag kept (after twice as
  * many failures as there are tags, 63 live cores still each have their
@@ -464,8 +454,7 @@ static void test_create_whose_pool_init_fails_leaves_nothing(void) {
  * core, and the next bt_stop joins it. */
 static void test_failed_join_is_reported_and_destroy_refuses(void) {
     watchdog(__func__);
-    bt_timer_thread *tt;
-    CHECK(bt_create(NULL, &tt) == 0);
+    bt_timer_thread *tt = threaded_core();
     atomic_store(&bt__faults[BT_FAULT_JOIN], EINVAL);
     int destroy_rc = bt_destroy(tt);
     CHECK(destroy_rc == -EINVAL);

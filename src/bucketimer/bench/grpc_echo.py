@@ -86,14 +86,41 @@ class _AioNoopInterceptor(grpc.aio.ServerInterceptor):
 _wrapper_var: contextvars.ContextVar[float] = contextvars.ContextVar("grpc_echo.wrapper")
 
 
-class _WrappingInterceptor(grpc.ServerInterceptor):
+class _Wrapping:
+    """What :class:`_WrappingInterceptor` and :class:`_AioWrappingInterceptor`
+    share: each method's wrapped handler, made once (:meth:`_wrap`, with the
+    API's own wrapper from :meth:`_wrapper`) and found again by the API's
+    ``intercept_service`` with one dict lookup per call."""
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
+
+    def _wrap(self, handler_call_details: Any, handler: Any) -> Any:
+        wrapped = handler._replace(unary_unary=self._wrapper(handler.unary_unary))
+        self._wrapped[handler_call_details.method] = (handler, wrapped)
+        return wrapped
+
+    @staticmethod
+    def _wrapper(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        raise NotImplementedError
+
+
+class _WrappingInterceptor(_Wrapping, grpc.ServerInterceptor):
     """Passes every call through a wrapper of the unary handler (made once per
     method, found again with one dict lookup per call) that sets a
     ContextVar around it: the least an interceptor that acts around the
     handler costs."""
 
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
+    @staticmethod
+    def _wrapper(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(request: Any, context: Any) -> Any:
+            token = _wrapper_var.set(1.0)
+            try:
+                return behavior(request, context)
+            finally:
+                _wrapper_var.reset(token)
+
+        return wrapper
 
     def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -102,37 +129,12 @@ class _WrappingInterceptor(grpc.ServerInterceptor):
             return entry[1]
         return self._wrap(handler_call_details, handler)
 
-    def _wrap(self, handler_call_details: Any, handler: Any) -> Any:
-        behavior = handler.unary_unary
 
-        def wrapper(request: Any, context: Any) -> Any:
-            token = _wrapper_var.set(1.0)
-            try:
-                return behavior(request, context)
-            finally:
-                _wrapper_var.reset(token)
-
-        wrapped = handler._replace(unary_unary=wrapper)
-        self._wrapped[handler_call_details.method] = (handler, wrapped)
-        return wrapped
-
-
-class _AioWrappingInterceptor(grpc.aio.ServerInterceptor):
+class _AioWrappingInterceptor(_Wrapping, grpc.aio.ServerInterceptor):
     """:class:`_WrappingInterceptor` for grpc.aio."""
 
-    def __init__(self) -> None:
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
-
-    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
-        handler = await continuation(handler_call_details)
-        entry = self._wrapped.get(handler_call_details.method)
-        if entry is not None and entry[0] is handler:
-            return entry[1]
-        return self._wrap(handler_call_details, handler)
-
-    def _wrap(self, handler_call_details: Any, handler: Any) -> Any:
-        behavior = handler.unary_unary
-
+    @staticmethod
+    def _wrapper(behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def wrapper(request: Any, context: Any) -> Any:
             token = _wrapper_var.set(1.0)
             try:
@@ -140,9 +142,14 @@ class _AioWrappingInterceptor(grpc.aio.ServerInterceptor):
             finally:
                 _wrapper_var.reset(token)
 
-        wrapped = handler._replace(unary_unary=wrapper)
-        self._wrapped[handler_call_details.method] = (handler, wrapped)
-        return wrapped
+        return wrapper
+
+    async def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        handler = await continuation(handler_call_details)
+        entry = self._wrapped.get(handler_call_details.method)
+        if entry is not None and entry[0] is handler:
+            return entry[1]
+        return self._wrap(handler_call_details, handler)
 
 
 class _StandInHandle:

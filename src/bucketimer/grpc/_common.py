@@ -416,9 +416,12 @@ class _FusedCall(_DeadlineCall):
     _slow: bool
     _first_slow: bool
     _handle2: bucketimer.Handle | None
-    #: per method (:meth:`_for`): the slow-call interceptor and its threshold
+    #: per method (:meth:`_for`): the slow-call interceptor and its threshold,
+    #: and the backend's status of a server call whose handler ended
+    #: (``exc``: how, None if it returned)
     _sic: _SlowCallSettings
     _threshold: float
+    _status: Callable[[Any, BaseException | None], grpc.StatusCode | None]
 
     @classmethod
     def _begin_both(cls, ctx: Any, task: Any = None) -> Self:
@@ -511,6 +514,45 @@ class _FusedCall(_DeadlineCall):
         if self._handle.cancel():
             return False, False
         return self._settle()
+
+    def _ends_expired_both(self, exc: BaseException, expired: bool) -> bool:
+        """The handler raised ``exc`` (``expired``: as :meth:`_finish_both`
+        says): does it end the call with DEADLINE_EXCEEDED (the backend's
+        rule) rather than propagate?"""
+        raise NotImplementedError
+
+    # The backends' wrappers (``_serve_both``) keep the per-call path inline
+    # -- the handler, ``_done``, the cancel of ``_handle`` -- and call these
+    # only once the handler raised or a timer fired (docs/grpc.rst, "Costs").
+
+    def _raised(self, exc: BaseException) -> bool:
+        """The handler raised ``exc``: no timer of the call fires any more;
+        does the call end with DEADLINE_EXCEEDED (the backend's
+        ``_end_expired_slow`` then)?  If ``exc`` propagates instead, a slow
+        call's end is reported here."""
+        expired, slow = self._finish_both()
+        return self._ended(self._ends_expired_both(exc, expired), slow, exc)
+
+    def _returned(self) -> bool:
+        """The handler returned after ``_handle`` fired (``_done`` set, its
+        cancel failed): does the call end with DEADLINE_EXCEEDED?  If not, a
+        slow call's end is reported here."""
+        expired, slow = self._settle()
+        return self._ended(expired, slow, None)
+
+    def _ended(self, expired: bool, slow: bool, exc: BaseException | None) -> bool:
+        if expired:
+            # for _end_expired_slow: the threshold passed (its timer fired),
+            # as _settle or _finish_both found it
+            self._slow = slow
+            return True
+        if slow:
+            self._end_slow(exc)
+        return False
+
+    def _end_slow(self, exc: BaseException | None) -> None:
+        """A slow call ended (``exc``: how, if it raised): the second report."""
+        self._sic._report_server(self._method, self._start, True, self._status(self._ctx, exc), None)
 
 
 # -- wrapping a server's handlers ----------------------------------------------------------------

@@ -495,16 +495,20 @@ class _AioBothContext(_FusedCall, _AioDeadlineContext):
     def _live_stack(self, limit: int | None) -> str | None:
         return _await_stack(getattr(self, "_where", None), limit)
 
-    def _end_slow(self, exc: BaseException | None) -> None:
-        """A slow call ended (``exc``: how, if it raised): the second report."""
-        self._sic._report_server(self._method, self._start, True, _aio_server_code(self._ctx, exc), None)
-
-    def _stop(self) -> None:
-        """The handler ended: no timer of this call fires any more."""
+    def _finish_both(self) -> tuple[bool, bool]:
+        """The handler ended: no timer of this call fires any more;
+        (expired, slow) as the flags tell, all being in the loop (neither,
+        after a failed cancel: its TimerThread was closed meanwhile)."""
         self._done = True
         self._handle.cancel()
         if self._handle2 is not None:
             self._handle2.cancel()
+        return self._expired, self._slow
+
+    _settle = _finish_both
+
+    def _ends_expired_both(self, exc: BaseException, expired: bool) -> bool:
+        return self._deadline is not None and self._ends_expired(exc)
 
     async def _end_expired_slow(self) -> None:
         """End the call with DEADLINE_EXCEEDED (raises), reporting a slow
@@ -525,7 +529,8 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
     """One wrapper for a coroutine handler doing what ``sic`` around ``dic``
     does: one coroutine, one context object that is also the timer's
     payload, one timer, one ``ContextVar`` set."""
-    cls = _AioBothContext._for(dic, method, _sic=sic, _threshold=sic._threshold)
+    cls = _AioBothContext._for(dic, method, _sic=sic, _threshold=sic._threshold,
+                                _status=staticmethod(_aio_server_code))
     begin = cls._begin_both
 
     async def both_coro(request: Any, context: Any) -> Any:
@@ -536,21 +541,13 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
             call._where = coro = behavior(request, context if deadline is None else call)
             result = await coro
         except BaseException as exc:
-            slow = call._slow
-            call._stop()
-            if deadline is None or not call._ends_expired(exc):
-                if slow:
-                    call._end_slow(exc)
+            if not call._raised(exc):
                 raise
         else:
             call._done = True
             if call._handle.cancel():  # in time: neither fired
                 return result
-            if not (call._slow or call._expired):  # its TimerThread was closed meanwhile
-                return result
-            call._stop()
-            if not call._expired:
-                call._end_slow(None)
+            if not call._returned():
                 return result
         finally:
             _deadline_var.reset(token)

@@ -399,17 +399,16 @@ class _BothContext(_FusedCall, _DeadlineContext):
                 f = f.f_back
         return None
 
-    def _end_slow(self, exc: BaseException | None) -> None:
-        """A slow call ended (``exc``: how, if it raised): the second report."""
-        self._sic._report_server(self._method, self._start, True, _code_after(self._ctx, exc), None)
+    def _ends_expired_both(self, exc: BaseException, expired: bool) -> bool:
+        return isinstance(exc, DeadlineInterrupt) or (expired and isinstance(exc, Exception))
 
-    def _end_expired_slow(self, slow: bool) -> None:
+    def _end_expired_slow(self) -> None:
         """End the call with DEADLINE_EXCEEDED (raises), reporting a slow
         call's end with the status that gives."""
         try:
             self._end_expired()
         except BaseException as exc:
-            if slow:
+            if self._slow:
                 self._end_slow(exc)
             raise
 
@@ -419,7 +418,8 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
     """One wrapper for a unary response doing what ``sic`` around ``dic``
     does (no interrupt mode): one frame, one context object that is also
     the timer's payload, one timer, one ``ContextVar`` set."""
-    cls = _BothContext._for(dic, method, _sic=sic, _threshold=sic._threshold)
+    cls = _BothContext._for(dic, method, _sic=sic, _threshold=sic._threshold,
+                             _status=staticmethod(_code_after))
     begin = cls._begin_both
 
     def both_unary(request: Any, context: Any) -> Any:
@@ -429,22 +429,17 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
         try:
             result = behavior(request, context if deadline is None else call)
         except BaseException as exc:
-            expired, slow = call._finish_both()
-            if not (isinstance(exc, DeadlineInterrupt) or (expired and isinstance(exc, Exception))):
-                if slow:
-                    call._end_slow(exc)
+            if not call._raised(exc):
                 raise
         else:
             call._done = True
             if call._handle.cancel():  # in time: neither fired
                 return result
-            expired, slow = call._settle()
-            if not expired:
-                call._end_slow(None)
+            if not call._returned():
                 return result
         finally:
             _deadline_var.reset(token)
-        call._end_expired_slow(slow)
+        call._end_expired_slow()
 
     cls._code = both_unary.__code__
     return both_unary
