@@ -277,6 +277,10 @@ static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args,
         PyErr_SetString(PyExc_TypeError, "a unary behaviour takes (request, context)");
         return NULL;
     }
+    if (!w->cls) { /* cleared by the GC, then called from a finalizer */
+        PyErr_SetString(PyExc_RuntimeError, "this GrpcUnary was cleared");
+        return NULL;
+    }
     PyObject *request = args[0], *ctx = args[1];
     double now = (double)bt_now_ns() / 1e9; /* time.monotonic() */
     double deadline;
@@ -302,7 +306,9 @@ static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args,
     }
     PyObject *tt = live_tt(w);
     if (!tt) goto done;
+    Py_INCREF(tt); /* arm() may run Python code, which may call timers() again */
     c->handle = arm(w, tt, first, c);
+    Py_DECREF(tt);
     if (!c->handle) goto done;
     token = PyContextVar_Set(w->var, c->deadline);
     if (!token) {
@@ -323,8 +329,15 @@ static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args,
         Py_CLEAR(exc);
         exc = PyErr_GetRaisedException();
     } else if (!cancelled) { /* it fired: slow, expired or both (Python says) */
+        /* as in the Python wrapper's `except` block: exc is being handled */
+        PyObject *handled = exc ? PyErr_GetHandledException() : NULL;
+        if (exc) PyErr_SetHandledException(exc);
         PyObject *act = PyObject_CallFunctionObjArgs(w->tail, (PyObject *)c,
                                                      exc ? exc : Py_None, NULL);
+        if (exc) {
+            PyErr_SetHandledException(handled);
+            Py_XDECREF(handled);
+        }
         if (!act) {
             Py_CLEAR(res);
             Py_CLEAR(exc);
