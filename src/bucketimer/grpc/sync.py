@@ -425,8 +425,9 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
     if _GrpcUnary is not None:
         ncls = _DeadlineCall._for.__func__(  # type: ignore[attr-defined]
             _NativeBothContext, dic, method, _sic=sic, _threshold=sic._threshold)
-        return _GrpcUnary(ncls, behavior, _deadline_var, dic._timers, sic._threshold,  # type: ignore[no-any-return]
-                          dic._max_time)
+        wrapper: Callable[..., Any] = _GrpcUnary(ncls, behavior, _deadline_var, dic._timers,
+                                                 sic._threshold, dic._max_time)
+        return wrapper
     cls = _BothContext._for(dic, method, _sic=sic, _threshold=sic._threshold)
     begin = cls._begin_both
 
@@ -458,9 +459,14 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
     return both_unary
 
 
+#: the C wrapper's type on the native backend (else None: the Python one serves)
+_GrpcUnary: Any = None
+
 if _backend.NATIVE:
     from bucketimer._core import GrpcCall as _GrpcCall
-    from bucketimer._core import GrpcUnary as _GrpcUnary
+    from bucketimer._core import GrpcUnary
+
+    _GrpcUnary = GrpcUnary
 
     class _NativeBothContext(_GrpcCall):
         """:class:`_BothContext` for the C wrapper (``_core.GrpcUnary``):
@@ -503,6 +509,8 @@ if _backend.NATIVE:
             re-raises ``exc`` (a slow call's end reported); else the call
             expired and the wrapper ends it with ``_end_expired_slow`` of
             what this returns (was it slow too)."""
+            expired: bool
+            slow: bool
             expired, slow = call._settle()
             if exc is None:
                 if not expired:
@@ -516,8 +524,6 @@ if _backend.NATIVE:
             return None
 
     grpc.ServicerContext.register(_NativeBothContext)
-else:
-    _GrpcUnary = None
 
 
 class _ShieldedRequests:
