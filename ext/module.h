@@ -61,6 +61,7 @@ typedef struct {
     /* types */
     PyTypeObject *TimerThread_Type, *Handle_Type, *Port_Type, *Scheduler_Type;
     PyTypeObject *Timeout_Type, *Step_Type, *WaitFor_Type; /* WaitFor: 3.12+ */
+    PyTypeObject *GrpcUnary_Type, *GrpcCall_Type;           /* grpc_unary_type.c */
     /* CPython's private state, read through compat.c */
     ext_compat compat;
     /* asyncio's objects that the helpers call or compare with */
@@ -93,7 +94,7 @@ typedef struct {
  * interned names with their text (created and cleared by module.c). */
 #define EXT_STATE_TYPES(X) \
     X(TimerThread_Type) X(Handle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
-    X(Step_Type) X(WaitFor_Type)
+    X(Step_Type) X(WaitFor_Type) X(GrpcUnary_Type) X(GrpcCall_Type)
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt)
@@ -198,7 +199,7 @@ typedef struct TimeoutObject {
 /* ---- types (their specs, added to the module by module.c) --------------- */
 
 extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
-    Timeout_spec, WaitFor_spec;
+    Timeout_spec, WaitFor_spec, GrpcUnary_spec, GrpcCall_spec;
 
 /* ---- across files ------------------------------------------------------- */
 

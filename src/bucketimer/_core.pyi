@@ -77,6 +77,41 @@ class Scheduler:
     ) -> Handle: ...
 
 @disjoint_base
+class GrpcCall:
+    """One call of a GrpcUnary (bucketimer.grpc subclasses it per method)."""
+    _ctx: Any
+    _deadline: float | None
+    _source: str
+    _task: Any
+    _handle: Any
+    _handle2: Any
+    _start: float
+    _ident: int
+    _expired: bool
+    _done: bool
+    _slow: bool
+    _first_slow: bool
+
+@final
+class GrpcUnary:
+    def __new__(
+        cls,
+        call_type: type[GrpcCall],
+        behavior: Callable[[Any, Any], Any],
+        var: contextvars.ContextVar[float | None],
+        timers: Callable[[], Any],
+        threshold: float,
+        max_time: float | None,
+    ) -> Self: ...
+    def __call__(self, request: Any, context: Any, /) -> Any: ...
+    @property
+    def behavior(self) -> Callable[[Any, Any], Any]: ...
+    @property
+    def call_type(self) -> type[GrpcCall]: ...
+    @property
+    def free_calls(self) -> int: ...
+
+@disjoint_base
 class TimerThread:
     def __init__(self, buckets: int = ..., *, drain_threshold: int = ...) -> None: ...
     @property

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 import bucketimer
+from bucketimer import _backend
 
 from . import _common
 from ._common import *  # noqa: F403 - the names both backends export
@@ -27,6 +28,7 @@ from ._common import (
     DeadlineEvent,
     _BothSettings,
     _code_of,
+    _ContextProxy,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
@@ -417,9 +419,16 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
                 behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     """One wrapper for a unary response doing what ``sic`` around ``dic``
     does (no interrupt mode): one frame, one context object that is also
-    the timer's payload, one timer, one ``ContextVar`` set."""
-    cls = _BothContext._for(dic, method, _sic=sic, _threshold=sic._threshold,
-                             _status=staticmethod(_code_after))
+    the timer's payload, one timer, one ``ContextVar`` set.  On the native
+    backend the wrapper is C (:class:`_NativeBothContext`), without a frame."""
+    status = staticmethod(_code_after)
+    if _GrpcUnary is not None:
+        ncls = _DeadlineCall._for.__func__(  # type: ignore[attr-defined]
+            _NativeBothContext, dic, method, _sic=sic, _threshold=sic._threshold, _status=status)
+        wrapper: Callable[..., Any] = _GrpcUnary(ncls, behavior, _deadline_var, dic._timers,
+                                                 sic._threshold, dic._max_time)
+        return wrapper
+    cls = _BothContext._for(dic, method, _sic=sic, _threshold=sic._threshold, _status=status)
     begin = cls._begin_both
 
     def both_unary(request: Any, context: Any) -> Any:
@@ -443,6 +452,78 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
 
     cls._code = both_unary.__code__
     return both_unary
+
+
+#: the C wrapper's type on the native backend (else None: the Python one serves)
+_GrpcUnary: Any = None
+
+if _backend.NATIVE:
+    from bucketimer._core import GrpcCall as _GrpcCall
+    from bucketimer._core import GrpcUnary
+
+    _GrpcUnary = GrpcUnary
+
+    class _NativeBothContext(_GrpcCall):
+        """:class:`_BothContext` for the C wrapper (``_core.GrpcUnary``):
+        the same fields, as the C type's, and the same methods, but for how
+        the live stack is found (the wrapper has no frame: the call keeps
+        its handler's thread, ``_ident``) and :meth:`_tail`, the part of the
+        wrapper left in Python: the end of a call whose timer fired.
+        Subclassed per method as :meth:`_DeadlineCall._for` does."""
+
+        __slots__ = ()
+        _ic: ServerDeadlineInterceptor
+        _method: str
+        _sic: SlowCallInterceptor
+        _threshold: float
+
+        __getattr__ = _ContextProxy.__getattr__
+        time_remaining = _DeadlineCall.time_remaining
+        code = _DeadlineCall.code
+        _budget_length = _DeadlineCall._budget_length
+        _report = _DeadlineCall._report
+        is_active = _DeadlineContext.is_active
+        _end_expired = _DeadlineContext._end_expired
+        _expire = _DeadlineContext._fire
+        _fire = _FusedCall._fire
+        _rearm = _FusedCall._rearm
+        _slow_point = _FusedCall._slow_point
+        _settle = _FusedCall._settle
+        _end_slow = _BothContext._end_slow
+
+        def _end_expired_slow(self, slow: bool) -> None:
+            """:meth:`_BothContext._end_expired_slow`, told by the C wrapper
+            whether the call passed the threshold (what ``_tail`` found)."""
+            self._slow = slow
+            _BothContext._end_expired_slow(self)  # type: ignore[arg-type]
+
+        def _live_stack(self, limit: int | None) -> str | None:
+            """The stack of the thread running this call's handler (the
+            caller checked that the call has not ended)."""
+            return _thread_stack(self._ident, limit)
+
+        @staticmethod
+        def _tail(call: Any, exc: BaseException | None) -> bool | None:
+            """The handler ended (``exc``: how, if it raised) and the first
+            timer had fired.  None: the wrapper returns the result or
+            re-raises ``exc`` (a slow call's end reported); else the call
+            expired and the wrapper ends it with ``_end_expired_slow`` of
+            what this returns (was it slow too)."""
+            expired: bool
+            slow: bool
+            expired, slow = call._settle()
+            if exc is None:
+                if not expired:
+                    call._end_slow(None)
+                    return None
+                return slow
+            if isinstance(exc, DeadlineInterrupt) or (expired and isinstance(exc, Exception)):
+                return slow
+            if slow:
+                call._end_slow(exc)
+            return None
+
+    grpc.ServicerContext.register(_NativeBothContext)
 
 
 class _ShieldedRequests:

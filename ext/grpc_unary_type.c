@@ -1,0 +1,480 @@
+/*
+ * grpc_unary_type.c -- the per-call work of bucketimer.grpc's fused sync unary
+ * wrapper (ServerDeadlineInterceptor inside SlowCallInterceptor, or
+ * ServerDeadlineSlowCallInterceptor; docs/grpc.rst, "Both at once" and
+ * "Costs") in C: what the Python wrapper in grpc/sync.py does per call,
+ * without its frame.
+ *
+ * GrpcUnary is the wrapped behaviour (one per method, vectorcall).  Per
+ * call it works out the budget, takes a GrpcCall from its own free list,
+ * arms one timer on the dispatcher port (schedule.c's path; the callback is
+ * the Python class's _fire with the call as its argument), sets the
+ * deadline ContextVar, calls the behaviour, resets the variable and
+ * cancels the timer.  Only when the timer fired (a slow or expired call)
+ * does it call back into Python (the class's _tail and _end_expired_slow).
+ *
+ * GrpcCall is the call: the handler's context proxy and the timer's
+ * payload.  Its fields are the attributes the Python methods of its
+ * per-method subclass read and write (grpc/sync.py, _NativeBothContext);
+ * that subclass adds nothing to the layout (__slots__ = ()), so the free
+ * list of a GrpcUnary, which only ever holds calls of its own class, can
+ * hand one back out as it is.  Everything here runs with the GIL held.
+ */
+#include "module.h"
+
+#if PY_VERSION_HEX < 0x030C0000
+#define Py_T_DOUBLE T_DOUBLE
+#define Py_T_BOOL T_BOOL
+#define Py_T_OBJECT T_OBJECT
+#define Py_T_ULONG T_ULONG
+#endif
+
+#define GRPC_CALL_FREELIST 16 /* a sync server's pool threads, each in one call */
+
+/* Above this, a server's time_remaining() means "no deadline" (grpc/_common.py). */
+#define NO_DEADLINE 1e9
+
+typedef struct GrpcUnaryObject GrpcUnaryObject;
+
+typedef struct {
+    PyObject_HEAD
+    GrpcUnaryObject *wrapper; /* strong: its free list takes this back */
+    PyObject *ctx;            /* grpc's servicer context */
+    PyObject *deadline;       /* a float, or None: no budget */
+    PyObject *source;         /* "max_time" or "client"; NULL without a budget */
+    PyObject *task;           /* None (an aio handler's task in the Python class) */
+    PyObject *handle;         /* the first timer's Handle */
+    PyObject *handle2;        /* the second timer's, or None */
+    double start;
+    unsigned long ident;      /* the handler's thread */
+    char expired, done, slow, first_slow;
+} GrpcCallObject;
+#define GRPC_CALL_REFS(X) X(wrapper) X(ctx) X(deadline) X(source) X(task) X(handle) X(handle2)
+
+struct GrpcUnaryObject {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    ext_state *st;
+    PyTypeObject *cls;  /* the method's GrpcCall subclass */
+    PyObject *behavior; /* the handler's */
+    PyObject *var;      /* the deadline ContextVar */
+    PyObject *timers;   /* () -> the TimerThread to use (the interceptor's _timers) */
+    PyObject *tt;       /* what timers() last returned */
+    int tt_native;      /* ... a TimerThread whose call_at is the core's */
+    PyObject *fire;     /* cls._fire(call): the first timer's callback */
+    PyObject *tail;     /* cls._tail(call, exc): the end of a call whose timer fired */
+    PyObject *end_expired; /* cls._end_expired_slow(call, slow) */
+    PyObject *str_time_remaining, *str_max_time, *str_client, *str_closed, *str_call_at,
+        *str_cancel;
+    PyObject *dict;     /* grpc reads and sets attributes of a behaviour */
+    double threshold, max_time; /* max_time NaN: none */
+    ext_freelist calls;
+    PyObject *call_store[GRPC_CALL_FREELIST];
+};
+#define GRPC_UNARY_REFS(X)                                                                     \
+    X(cls) X(behavior) X(var) X(timers) X(tt) X(fire) X(tail) X(end_expired)                   \
+    X(str_time_remaining) X(str_max_time) X(str_client) X(str_closed) X(str_call_at)            \
+    X(str_cancel) X(dict)
+
+/* ---- GrpcCall ----------------------------------------------------------------------- */
+
+EXT_GC_TRAVERSE(GrpcCall, GrpcCallObject, GRPC_CALL_REFS)
+EXT_GC_CLEAR(GrpcCall, GrpcCallObject, GRPC_CALL_REFS)
+
+static void GrpcCall_dealloc(GrpcCallObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    GrpcUnaryObject *w = self->wrapper;
+    self->wrapper = NULL;
+    GrpcCall_clear(self);
+    /* Back to the wrapper it came from, if it is still of the wrapper's class
+     * (the free list then hands it out as one without a new type check). */
+    if (w && tp == w->cls && ext_freelist_put(&w->calls, (PyObject *)self)) {
+        Py_DECREF(w);
+        return;
+    }
+    tp->tp_free(self);
+    Py_DECREF(tp);
+    Py_XDECREF(w);
+}
+
+static PyObject *GrpcCall_new(PyTypeObject *Py_UNUSED(tp), PyObject *Py_UNUSED(a),
+                              PyObject *Py_UNUSED(k)) {
+    PyErr_SetString(PyExc_TypeError, "a GrpcCall is made by its GrpcUnary, per call");
+    return NULL;
+}
+
+#define CALL_MEMBER(name, type, field) \
+    {name, type, offsetof(GrpcCallObject, field), 0, NULL}
+static PyMemberDef GrpcCall_members[] = {
+    CALL_MEMBER("_ctx", Py_T_OBJECT_EX, ctx),
+    CALL_MEMBER("_deadline", Py_T_OBJECT_EX, deadline),
+    CALL_MEMBER("_source", Py_T_OBJECT_EX, source),
+    CALL_MEMBER("_task", Py_T_OBJECT_EX, task),
+    CALL_MEMBER("_handle", Py_T_OBJECT_EX, handle),
+    CALL_MEMBER("_handle2", Py_T_OBJECT_EX, handle2),
+    CALL_MEMBER("_start", Py_T_DOUBLE, start),
+    CALL_MEMBER("_ident", Py_T_ULONG, ident),
+    CALL_MEMBER("_expired", Py_T_BOOL, expired),
+    CALL_MEMBER("_done", Py_T_BOOL, done),
+    CALL_MEMBER("_slow", Py_T_BOOL, slow),
+    CALL_MEMBER("_first_slow", Py_T_BOOL, first_slow),
+    {NULL}};
+
+static PyType_Slot GrpcCall_slots[] = {
+    {Py_tp_doc, "One call served by a GrpcUnary: the handler's context proxy and the "
+                "timer's payload.  Subclassed per method by bucketimer.grpc."},
+    {Py_tp_new, GrpcCall_new},
+    {Py_tp_dealloc, GrpcCall_dealloc},
+    {Py_tp_traverse, GrpcCall_traverse},
+    {Py_tp_clear, GrpcCall_clear},
+    {Py_tp_members, GrpcCall_members},
+    {0, NULL}};
+
+PyType_Spec GrpcCall_spec = {
+    .name = "bucketimer._core.GrpcCall",
+    .basicsize = sizeof(GrpcCallObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .slots = GrpcCall_slots,
+};
+
+/* ---- GrpcUnary ---------------------------------------------------------------------- */
+
+EXT_GC_TRAVERSE(GrpcUnary, GrpcUnaryObject, GRPC_UNARY_REFS)
+
+static int GrpcUnary_clear(GrpcUnaryObject *self) {
+    ext_freelist_clear(&self->calls);
+    GRPC_UNARY_REFS(EXT_CLEAR_REF)
+    return 0;
+}
+
+static void GrpcUnary_dealloc(GrpcUnaryObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    GrpcUnary_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Is `tt` a TimerThread whose call_at is the core's own (not overridden)? */
+static int is_native_tt(ext_state *st, PyObject *tt) {
+    if (!PyObject_TypeCheck(tt, st->TimerThread_Type)) return 0;
+    if (Py_IS_TYPE(tt, st->TimerThread_Type)) return 1;
+    PyObject *mine = PyObject_GetAttrString((PyObject *)Py_TYPE(tt), "call_at");
+    PyObject *core = PyObject_GetAttrString((PyObject *)st->TimerThread_Type, "call_at");
+    int same = mine && core && mine == core;
+    Py_XDECREF(mine);
+    Py_XDECREF(core);
+    if (PyErr_Occurred()) return -1;
+    return same;
+}
+
+/* The TimerThread to arm on (borrowed): the last one, unless it is closed
+ * (then timers() again), as the interceptors' _live_tt does. */
+static PyObject *live_tt(GrpcUnaryObject *w) {
+    PyObject *tt = w->tt;
+    if (tt) {
+        if (w->tt_native) {
+            TimerThreadObject *t = (TimerThreadObject *)tt;
+            if (t->core && !t->closed && !bt_is_stopped(t->core)) return tt;
+        } else {
+            PyObject *closed = PyObject_GetAttr(tt, w->str_closed);
+            if (!closed) return NULL;
+            int c = PyObject_IsTrue(closed);
+            Py_DECREF(closed);
+            if (c < 0) return NULL;
+            if (!c) return tt;
+        }
+    }
+    PyObject *n = PyObject_CallNoArgs(w->timers);
+    if (!n) return NULL;
+    int native = is_native_tt(w->st, n);
+    if (native < 0) {
+        Py_DECREF(n);
+        return NULL;
+    }
+    Py_XSETREF(w->tt, n);
+    w->tt_native = native;
+    return n;
+}
+
+/* A new call of w->cls, its fields set but for the timer (NULL on error). */
+static GrpcCallObject *call_new(GrpcUnaryObject *w, PyObject *ctx) {
+    GrpcCallObject *c = (GrpcCallObject *)ext_freelist_take(&w->calls, w->cls);
+    if (!c) {
+        c = (GrpcCallObject *)w->cls->tp_alloc(w->cls, 0); /* tracked, zeroed */
+        if (!c) return NULL;
+        PyObject_GC_UnTrack(c);
+    }
+    c->wrapper = (GrpcUnaryObject *)Py_NewRef(w);
+    c->ctx = Py_NewRef(ctx);
+    c->deadline = NULL;
+    c->source = NULL;
+    c->task = Py_NewRef(Py_None);
+    c->handle = NULL;
+    c->handle2 = Py_NewRef(Py_None);
+    c->start = 0.0;
+    c->ident = PyThread_get_thread_ident();
+    c->expired = c->done = c->slow = c->first_slow = 0;
+    PyObject_GC_Track(c);
+    return c;
+}
+
+/* 1 if the timer was cancelled (it never fires), 0 if not, -1 on error. */
+static int cancel_timer(GrpcUnaryObject *w, PyObject *h) {
+    if (Py_IS_TYPE(h, w->st->Handle_Type)) return ext_handle_cancel((HandleObject *)h);
+    PyObject *r = PyObject_CallMethodNoArgs(h, w->str_cancel);
+    if (!r) return -1;
+    int ok = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return ok;
+}
+
+static PyObject *arm(GrpcUnaryObject *w, PyObject *tt, double when, GrpcCallObject *c) {
+    PyObject *arg = (PyObject *)c;
+    if (w->tt_native)
+        return ext_schedule((TimerThreadObject *)tt, 1, when, w->fire, &arg, 1, Py_None,
+                                 NULL, 0);
+    PyObject *t = PyFloat_FromDouble(when);
+    if (!t) return NULL;
+    PyObject *h = PyObject_CallMethodObjArgs(tt, w->str_call_at, t, w->fire, arg, NULL);
+    Py_DECREF(t);
+    return h;
+}
+
+/* The budget, as _FusedCall._begin_both works it out: *deadline NaN if none. */
+static int budget(GrpcUnaryObject *w, PyObject *ctx, double now, double *deadline,
+                  PyObject **source) {
+    PyObject *rem = PyObject_CallMethodNoArgs(ctx, w->str_time_remaining);
+    if (!rem) return -1;
+    double r = 0.0;
+    int none = rem == Py_None;
+    if (!none) {
+        r = PyFloat_AsDouble(rem);
+        if (r == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(rem);
+            return -1;
+        }
+    }
+    Py_DECREF(rem);
+    double max_time = w->max_time;
+    *deadline = NAN;
+    *source = NULL;
+    if (none || r >= NO_DEADLINE) {
+        if (!isnan(max_time)) *deadline = now + max_time, *source = w->str_max_time;
+    } else if (!isnan(max_time) && max_time < r) {
+        *deadline = now + max_time, *source = w->str_max_time;
+    } else {
+        *deadline = now + (r > 0.0 ? r : 0.0), *source = w->str_client;
+    }
+    return 0;
+}
+
+static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "a unary behaviour takes (request, context)");
+        return NULL;
+    }
+    if (!w->cls) { /* cleared by the GC, then called from a finalizer */
+        PyErr_SetString(PyExc_RuntimeError, "this GrpcUnary was cleared");
+        return NULL;
+    }
+    PyObject *request = args[0], *ctx = args[1];
+    double now = (double)bt_now_ns() / 1e9; /* time.monotonic() */
+    double deadline;
+    PyObject *source;
+    if (budget(w, ctx, now, &deadline, &source) < 0) return NULL;
+    int has_deadline = !isnan(deadline);
+    GrpcCallObject *c = call_new(w, ctx);
+    if (!c) return NULL;
+    PyObject *token = NULL, *res = NULL;
+    c->start = now;
+    if (has_deadline) {
+        c->deadline = PyFloat_FromDouble(deadline);
+        if (!c->deadline) goto done;
+        c->source = Py_NewRef(source);
+    } else {
+        c->deadline = Py_NewRef(Py_None);
+    }
+    double first = now + w->threshold;
+    c->first_slow = 1;
+    if (has_deadline && deadline < first) {
+        first = deadline;
+        c->first_slow = 0;
+    }
+    PyObject *tt = live_tt(w);
+    if (!tt) goto done;
+    Py_INCREF(tt); /* arm() may run Python code, which may call timers() again */
+    c->handle = arm(w, tt, first, c);
+    Py_DECREF(tt);
+    if (!c->handle) goto done;
+    token = PyContextVar_Set(w->var, c->deadline);
+    if (!token) {
+        c->done = 1;
+        if (cancel_timer(w, c->handle) < 0) PyErr_WriteUnraisable((PyObject *)w);
+        goto done;
+    }
+
+    PyObject *bargs[2] = {request, has_deadline ? (PyObject *)c : ctx};
+    res = PyObject_Vectorcall(w->behavior, bargs, 2, NULL);
+    PyObject *exc = res ? NULL : PyErr_GetRaisedException();
+
+    c->done = 1;
+    int cancelled = cancel_timer(w, c->handle);
+    PyObject *slow = NULL; /* set: the call expired (True if it was slow too) */
+    if (cancelled < 0) {   /* a stand-in handle's cancel() raised: that, not the result */
+        Py_CLEAR(res);
+        Py_CLEAR(exc);
+        exc = PyErr_GetRaisedException();
+    } else if (!cancelled) { /* it fired: slow, expired or both (Python says) */
+        /* as in the Python wrapper's `except` block: exc is being handled */
+        PyObject *handled = exc ? PyErr_GetHandledException() : NULL;
+        if (exc) PyErr_SetHandledException(exc);
+        PyObject *act = PyObject_CallFunctionObjArgs(w->tail, (PyObject *)c,
+                                                     exc ? exc : Py_None, NULL);
+        if (exc) {
+            PyErr_SetHandledException(handled);
+            Py_XDECREF(handled);
+        }
+        if (!act) {
+            Py_CLEAR(res);
+            Py_CLEAR(exc);
+            exc = PyErr_GetRaisedException();
+        } else if (act == Py_None) {
+            Py_DECREF(act);
+        } else {
+            slow = act;
+            Py_CLEAR(res);
+            Py_CLEAR(exc);
+        }
+    }
+    if (PyContextVar_Reset(w->var, token) < 0) { /* cannot fail for our own token */
+        Py_CLEAR(res);
+        Py_XDECREF(exc);
+        Py_XDECREF(slow);
+        exc = NULL, slow = NULL;
+        goto done;
+    }
+    if (slow) {
+        res = PyObject_CallFunctionObjArgs(w->end_expired, (PyObject *)c, slow, NULL);
+        Py_DECREF(slow);
+    } else if (exc) {
+        PyErr_SetRaisedException(exc);
+    }
+done:
+    Py_XDECREF(token);
+    Py_DECREF(c);
+    return res;
+}
+
+static PyObject *get_attr(PyObject *o, const char *name) {
+    return PyObject_GetAttrString(o, name);
+}
+
+/* GrpcUnary(cls, behavior, var, timers, threshold, max_time) */
+static PyObject *GrpcUnary_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
+    PyObject *cls, *behavior, *var, *timers, *max_time_o;
+    double threshold;
+    static char *kw[] = {"call_type", "behavior", "var", "timers", "threshold", "max_time", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!OdO:GrpcUnary", kw, &PyType_Type, &cls,
+                                     &behavior, &PyContextVar_Type, &var, &timers, &threshold,
+                                     &max_time_o))
+        return NULL;
+    ext_state *st = ext_state_of_type(tp);
+    if (!st) return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)cls, st->GrpcCall_Type) ||
+        ((PyTypeObject *)cls)->tp_basicsize != st->GrpcCall_Type->tp_basicsize ||
+        ((PyTypeObject *)cls)->tp_dictoffset || ((PyTypeObject *)cls)->tp_weaklistoffset) {
+        PyErr_SetString(PyExc_TypeError,
+                        "call_type must be a GrpcCall subclass with __slots__ = () throughout");
+        return NULL;
+    }
+    if (!PyCallable_Check(behavior) || !PyCallable_Check(timers)) {
+        PyErr_SetString(PyExc_TypeError, "behavior and timers must be callable");
+        return NULL;
+    }
+    double max_time = NAN;
+    if (max_time_o != Py_None) {
+        max_time = PyFloat_AsDouble(max_time_o);
+        if (max_time == -1.0 && PyErr_Occurred()) return NULL;
+        if (isnan(max_time)) {
+            PyErr_SetString(PyExc_ValueError, "max_time must not be NaN");
+            return NULL;
+        }
+    }
+    if (isnan(threshold)) {
+        PyErr_SetString(PyExc_ValueError, "threshold must not be NaN");
+        return NULL;
+    }
+    GrpcUnaryObject *w = (GrpcUnaryObject *)tp->tp_alloc(tp, 0);
+    if (!w) return NULL;
+    w->vectorcall = (vectorcallfunc)GrpcUnary_vectorcall;
+    w->st = st;
+    ext_freelist_init(&w->calls, w->call_store, GRPC_CALL_FREELIST, 1);
+    w->cls = (PyTypeObject *)Py_NewRef(cls);
+    w->behavior = Py_NewRef(behavior);
+    w->var = Py_NewRef(var);
+    w->timers = Py_NewRef(timers);
+    w->threshold = threshold;
+    w->max_time = max_time;
+    if (!(w->fire = get_attr(cls, "_fire")) || !(w->tail = get_attr(cls, "_tail")) ||
+        !(w->end_expired = get_attr(cls, "_end_expired_slow")) ||
+        !(w->str_time_remaining = PyUnicode_InternFromString("time_remaining")) ||
+        !(w->str_max_time = PyUnicode_InternFromString("max_time")) ||
+        !(w->str_client = PyUnicode_InternFromString("client")) ||
+        !(w->str_closed = PyUnicode_InternFromString("closed")) ||
+        !(w->str_call_at = PyUnicode_InternFromString("call_at")) ||
+        !(w->str_cancel = PyUnicode_InternFromString("cancel"))) {
+        Py_DECREF(w);
+        return NULL;
+    }
+    return (PyObject *)w;
+}
+
+static PyObject *GrpcUnary_get_behavior(GrpcUnaryObject *self, void *Py_UNUSED(c)) {
+    return Py_NewRef(self->behavior);
+}
+
+static PyObject *GrpcUnary_get_cls(GrpcUnaryObject *self, void *Py_UNUSED(c)) {
+    return Py_NewRef((PyObject *)self->cls);
+}
+
+static PyObject *GrpcUnary_get_free(GrpcUnaryObject *self, void *Py_UNUSED(c)) {
+    return PyLong_FromLong(self->calls.n);
+}
+
+static PyGetSetDef GrpcUnary_getset[] = {
+    {"behavior", (getter)GrpcUnary_get_behavior, NULL, "The wrapped behaviour.", NULL},
+    {"call_type", (getter)GrpcUnary_get_cls, NULL, "The class of its calls.", NULL},
+    {"free_calls", (getter)GrpcUnary_get_free, NULL,
+     "How many ended calls its free list keeps for reuse.", NULL},
+    {NULL}};
+
+static PyMemberDef GrpcUnary_members[] = {
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(GrpcUnaryObject, vectorcall), Py_READONLY,
+     NULL},
+    {"__dictoffset__", Py_T_PYSSIZET, offsetof(GrpcUnaryObject, dict), Py_READONLY, NULL},
+    {NULL}};
+
+static PyType_Slot GrpcUnary_slots[] = {
+    {Py_tp_doc, "GrpcUnary(call_type, behavior, var, timers, threshold, max_time)\n\n"
+                "A sync unary behaviour served under a slow-call threshold and a deadline "
+                "with one timer per call (bucketimer.grpc)."},
+    {Py_tp_new, GrpcUnary_new},
+    {Py_tp_dealloc, GrpcUnary_dealloc},
+    {Py_tp_traverse, GrpcUnary_traverse},
+    {Py_tp_clear, GrpcUnary_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_getset, GrpcUnary_getset},
+    {Py_tp_members, GrpcUnary_members},
+    {0, NULL}};
+
+PyType_Spec GrpcUnary_spec = {
+    .name = "bucketimer._core.GrpcUnary",
+    .basicsize = sizeof(GrpcUnaryObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = GrpcUnary_slots,
+};
