@@ -51,9 +51,12 @@ OPS = [
 
 def instructions(script: str, op: str, n: int) -> int:
     with tempfile.NamedTemporaryFile(suffix=".out") as out:
+        # A fixed hash seed: string hashes change dict layouts, and with them
+        # a few hundred instructions per operation from run to run.
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
                         sys.executable, script, op, str(n)],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONHASHSEED": "0"})
         with open(out.name) as f:
             for line in f:
                 if line.startswith("summary:"):
