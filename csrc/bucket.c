@@ -37,6 +37,17 @@ static inline uint32_t bucket_of_caller(const bt_timer_thread *tt) {
 
 /* ---- scheduling ------------------------------------------------------------ */
 
+/* Under the bucket mutex: a cancelled slot, unlinked from the list, back on
+ * the bucket's free list with its next generation (unless retired). */
+static inline void free_slot_locked(bt_timer_thread *tt, struct bt__bucket *bk,
+                                    struct bt_timer *t) {
+    if (bt__slot_retire(tt, t)) {
+        t->next = bk->free;
+        bk->free = t;
+        bk->nfree++;
+    }
+}
+
 /* Under the bucket mutex: unlinks the cancelled entries of the bucket's list
  * and puts their slots straight on its free list.  Runs only when the list
  * reached prune_at, which then moves to twice what is left, so the work is
@@ -50,11 +61,7 @@ static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
         uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
         if (BT_WORD_STATE(w) == BT_S_CANCELLED) {
             *link = t->next;
-            if (bt__slot_retire(tt, t)) {
-                t->next = bk->free;
-                bk->free = t;
-                bk->nfree++;
-            }
+            free_slot_locked(tt, bk, t);
             removed++;
         } else {
             link = &t->next;
@@ -66,7 +73,22 @@ static void prune_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
     bk->prune_at = bt__prune_at(tt, kept);
 }
 
-/* The steps of a schedule, each inlined into schedule() below. */
+/* The steps of a schedule, each inlined into schedule_timer() below. */
+
+/* Under the bucket lock, before a push: if the newest entry of the list (this
+ * thread's last schedule, most often) was cancelled since, unlinks it and
+ * gives its slot back first, so the push below takes that same slot.  A
+ * schedule+cancel loop then keeps to one warm slot instead of walking the
+ * free list through cold ones until a prune or a pass reaps them (rule 5:
+ * the list's garbage, reaped a node early). */
+static inline void reap_cancelled_head_locked(bt_timer_thread *tt, struct bt__bucket *bk) {
+    struct bt_timer *t = bk->head;
+    if (!t || !bt__is_cancelled(t)) return;
+    bk->head = t->next;
+    bk->length--;
+    bk->reaped++;
+    free_slot_locked(tt, bk, t);
+}
 
 /* Takes bucket b's lock with a free slot on its free list: 0 with the lock
  * held, or -ESHUTDOWN or the pool's error without it. */
@@ -81,6 +103,7 @@ static inline int lock_with_free_slot(bt_timer_thread *tt, uint32_t b, struct bt
             pthread_mutex_unlock(&bk->mutex);
             return -ESHUTDOWN;
         }
+        reap_cancelled_head_locked(tt, bk);
         if (bk->free) return 0;
         /* Allocation happens outside the bucket lock (rule 3). */
         pthread_mutex_unlock(&bk->mutex);
@@ -123,6 +146,7 @@ static inline uint32_t count_push_locked(bt_timer_thread *tt, struct bt__bucket 
     }
     return len;
 }
+
 
 static int schedule_timer(bt_timer_thread *tt, int64_t deadline, void *target, int native,
                           void *arg, uint64_t *out_id) {

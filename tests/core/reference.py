@@ -14,7 +14,8 @@ core, the model
 
 * keeps newly scheduled timers in a *list* (the core's bucket list) until the
   next *collect*, which moves the live ones into the heap and recycles the
-  cancelled ones;
+  cancelled ones; a schedule first recycles the newest entry of the list if
+  it was cancelled;
 * collects on :meth:`advance` and :meth:`next_deadline`, on a schedule
   that makes the list length a nonzero multiple of ``drain_threshold``, and on
   every ``drain_threshold``-th winning cancel (the core's ``request_collect``;
@@ -332,6 +333,10 @@ class Reference:
         self._seq += 1
         self._known[tid] = t
         self.deadlines[tid] = deadline_ns
+        if self._list and self._list[-1].state == CANCELLED_STATE:
+            # The core reaps a cancelled newest entry of the list before a
+            # schedule, and the schedule reuses its slot.
+            self._reap(self._list.pop())
         self._list.append(t)
         self.scheduled += 1
         n = len(self._list)
