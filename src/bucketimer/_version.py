@@ -6,4 +6,4 @@ provider, see ``pyproject.toml``), the package re-exports it as
 file without importing the package.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
