@@ -301,8 +301,9 @@ def notebook(session: nox.Session) -> None:
 # -- release artefacts -------------------------------------------------------------
 
 # aarch64 wheels only for the CPythons the emulated arm64 root runs, where each
-# is installed and smoke-tested before it ships; on aarch64 the others install
-# the pure wheel.
+# is installed and smoke-tested before it ships (pyproject.toml's cibuildwheel
+# skip list says the same); on aarch64 the others (3.11, 3.12) install the
+# pure wheel.
 DIST_AARCH64_PYTHONS = ["3.13", "3.14", "3.15"]
 DIST_ARCHS = ["x86_64", "aarch64"]
 DIST_DIR = ROOT / "dist"
