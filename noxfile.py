@@ -563,6 +563,8 @@ def _pure_wheel(session: nox.Session, sdist: Path) -> Path | None:
 EMULATED_DIR = ROOT / "build-emulated"
 EMULATED_PARTS = ["ctest", "wheel", "suite"]
 EMULATED_PYTHON = "3.14"
+# How much slower than native the suite may run emulated (tests/conftest.py).
+EMULATED_TIME_SCALE = 10
 
 
 def _arm64_run(session: nox.Session, *cmd: str) -> None:
@@ -621,9 +623,13 @@ def _emulated_suite(session: nox.Session, wheel: Path, version: str, whole: bool
     or (whole) all of it, with the libraries the suite integrates."""
     venv = EMULATED_DIR / f"venv-{version}"
     extra, paths = ("test", ["tests"]) if whole else ("test-core", ["tests/core", "tests/aio"])
+    # pytest-timeout's hang guards, made for a native machine, scaled for
+    # qemu-user (tests/conftest.py): the first hypothesis test that draws
+    # text builds hypothesis' Unicode tables, well over a 60 s guard emulated.
     script = (
         f"set -e; rm -rf {venv}; python{version} -m venv {venv}; "
         f"{venv}/bin/python -m pip install -q '{wheel}[{extra}]'; "
+        f"BUCKETIMER_TEST_TIME_SCALE={EMULATED_TIME_SCALE} "
         f"{venv}/bin/python -m pytest -p no:cacheprovider -m 'not slow' -q {' '.join(paths)}"
     )
     _arm64_run(session, "bash", "-c", script)
