@@ -80,10 +80,35 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
+#: How many times slower than a native machine this run may be: ``nox -s
+#: emulated-arm64`` sets ``BUCKETIMER_TEST_TIME_SCALE`` (qemu-user runs Python
+#: code 5-30x slower).  It scales pytest-timeout's hang guards (the ini's
+#: ``timeout`` and each ``timeout`` mark), nothing a test asserts about time.
+TIME_SCALE = max(1.0, float(os.environ.get("BUCKETIMER_TEST_TIME_SCALE") or 1))
+
+
+def _scale_hang_guard(config: pytest.Config, item: pytest.Item) -> None:
+    mark = item.get_closest_marker("timeout")
+    if mark is not None:
+        base = mark.args[0] if mark.args else mark.kwargs.get("timeout")
+        args, kwargs = mark.args[1:], {k: v for k, v in mark.kwargs.items() if k != "timeout"}
+    else:
+        base, args, kwargs = config.getini("timeout"), (), {}
+    if base:
+        # Prepended: the item's own marks come before its module's and
+        # class's, so this one is the closest.
+        item.add_marker(pytest.mark.timeout(float(base) * TIME_SCALE, *args, **kwargs),
+                        append=False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """One suite, both backends: tests marked ``native`` test what only the
     native backend has (the C core through ``_cffi``, its counters, compat
-    reads of CPython's state) and skip on the pure one, saying so."""
+    reads of CPython's state) and skip on the pure one, saying so.  Under
+    ``BUCKETIMER_TEST_TIME_SCALE`` each test's hang guard is scaled."""
+    if TIME_SCALE != 1.0:
+        for item in items:
+            _scale_hang_guard(config, item)
     if bucketimer.backend == "native":
         return
     skip = pytest.mark.skip(reason="native backend only (bucketimer.backend is 'python')")

@@ -39,7 +39,7 @@ def test_an_install_without_its_compiled_modules_runs_the_pure_backend(tmp_path:
     smoke.mkdir()
     shutil.copy(TESTS_DIR / "test_smoke.py", smoke)
     env = {k: v for k, v in os.environ.items() if k != "BUCKETIMER_NO_EXTENSIONS"}
-    env.update(PYTHONPATH=str(site), BUCKETIMER_SMOKE_BACKEND="python")
+    env.update(PYTHONPATH=str(site), BUCKETIMER_EXPECT_BACKEND="python")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", "test_smoke.py"],
         cwd=smoke, env=env, capture_output=True, text=True, timeout=240,

@@ -39,8 +39,9 @@ def _flag(name: str) -> bool:
 
 
 INSTALLED = _flag("BUCKETIMER_SMOKE_INSTALLED")
-#: "native" or "python": the backend the installation must have loaded.
-EXPECT_BACKEND = os.environ.get("BUCKETIMER_SMOKE_BACKEND", "")
+#: "native" or "python": the backend the installation must have loaded (the
+#: suite's conftest.py checks it too, where the suite runs).
+EXPECT_BACKEND = os.environ.get("BUCKETIMER_EXPECT_BACKEND", "")
 native_only = pytest.mark.skipif(not NATIVE, reason="native backend only")
 NO_COMPILER = _flag("BUCKETIMER_SMOKE_NO_COMPILER")
 
