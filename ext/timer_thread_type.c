@@ -201,7 +201,9 @@ static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
     if (!fresh) return NULL; /* bp is the core's, freed with it */
     PortObject *port = record(self, loop, fresh);
     if (port != fresh) { /* lost the race (or failed): fresh was never used */
+        PyObject *exc = PyErr_GetRaisedException();
         if (ext_port_release(fresh) < 0) PyErr_WriteUnraisable((PyObject *)self);
+        PyErr_SetRaisedException(exc);
         Py_DECREF(fresh);
         return port;
     }
@@ -233,10 +235,11 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
     if (!known && PyErr_Occurred()) return NULL;
     PortObject *port = (PortObject *)Py_XNewRef(known);
     int closed = loop_is_closed(self->st, loop);
-    if (closed) { /* a loop that closed without its close hook running */
-        if (port) forget_and_release(self, loop, port);
-        if (closed > 0)
+    if (closed) { /* (or is_closed() raised: its exception stands) */
+        if (closed > 0) { /* a loop that closed without its close hook running */
+            if (port) forget_and_release(self, loop, port);
             PyErr_SetString(PyExc_RuntimeError, "cannot schedule on a closed event loop");
+        }
         Py_XDECREF(port);
         return NULL;
     }

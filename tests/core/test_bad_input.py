@@ -512,6 +512,36 @@ def test_non_loop_objects_raise_typeerror(mtt, obj):
 
 
 @pytest.mark.native
+def test_a_loop_whose_is_closed_raises_keeps_its_port(mtt):
+    # The TimerThread asks a loop it already serves whether it closed
+    # behind its back; an is_closed() that raises is the loop's error to
+    # report, not a sign to release the port and the timers on it.
+    class Flaky(asyncio.SelectorEventLoop):
+        fail = False
+
+        def is_closed(self):
+            if self.fail:
+                raise ZeroDivisionError("is_closed")
+            return super().is_closed()
+
+    loop = Flaky()
+    other = asyncio.new_event_loop()
+    try:
+        pending = mtt.call_later(3600, print, loop=loop)
+        port = mtt._ports[loop]
+        mtt.call_later(3600, print, loop=other)  # the lookup cache now holds `other`
+        loop.fail = True
+        with pytest.raises(ZeroDivisionError):
+            mtt.call_later(0, print, loop=loop)
+        loop.fail = False
+        assert mtt._ports[loop] is port and port.fileno() >= 0
+        assert pending.cancel() is True
+    finally:
+        loop.close()
+        other.close()
+
+
+@pytest.mark.native
 def test_closed_loop_raises_runtimeerror(mtt):
     sentinels = Sentinels(mtt)
     loop = asyncio.new_event_loop()
