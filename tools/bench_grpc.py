@@ -64,9 +64,10 @@ def load_against(tree: str) -> tuple[ModuleType, ModuleType]:
 
 def _print_rows(rows: list[tuple[str, dict[str, float], list[float]]], against: bool) -> bool:
     """The table of medians and ratios; whether every API met the target."""
+    others = ["combined", *(["against"] if against else [])]
     print(f"{'api':<5}{'plain':>9}{'2 no-op':>9}{'2 wrap':>9}{'dl+slow':>9}"
-          + (f"{'against':>9}" if against else "") + f"{'added':>9}{'wrap':>7}{'dl+slow':>9}"
-          + (f"{'against':>9}" if against else "")
+          + "".join(f"{o:>9}" for o in others) + f"{'added':>9}{'wrap':>7}{'dl+slow':>9}"
+          + "".join(f"{o:>9}" for o in others)
           + f"  {'per-round':<20} target (dl+slow <= {ge.TARGET} x 2 no-op)")
     ok = True
     for api, s, ratios in rows:
@@ -74,12 +75,12 @@ def _print_rows(rows: list[tuple[str, dict[str, float], list[float]]], against: 
         ok &= met
         print(f"{api:<5}{s['plain_median_us']:>9.1f}{s['noop_median_us']:>9.1f}"
               f"{s['wrappers_median_us']:>9.1f}{s['intercepted_median_us']:>9.1f}"
-              + (f"{s['against_median_us']:>9.1f}" if against else "")
+              + "".join(f"{s[f'{o}_median_us']:>9.1f}" for o in others)
               + f"{s['added_us']:>+9.1f}{s['wrappers_vs_noop']:>7.3f}{s['ratio_vs_noop']:>9.3f}"
-              + (f"{s['against_vs_noop']:>9.3f}" if against else "")
+              + "".join(f"{s[f'{o}_vs_noop']:>9.3f}" for o in others)
               + f"  {' '.join(f'{r:.3f}' for r in ratios):<20} {'met' if met else 'MISSED'}")
-    print("\n(us per call; added = dl+slow - 2 no-op; then x 2 no-op: wrap, dl+slow"
-          + (", against" if against else "") + "; per-round: dl+slow x 2 no-op)")
+    print(f"\n(us per call; added = dl+slow - 2 no-op; then x 2 no-op: wrap, dl+slow, "
+          f"{', '.join(others)}; per-round: dl+slow x 2 no-op)")
     return ok
 
 
@@ -106,7 +107,8 @@ def plain_main(args: argparse.Namespace, apis: list[str],
           f"per server; median per call")
     print(f"servers: no interceptor | 2 pass-through interceptors | 2 wrapping pass-throughs | "
           f"SlowCallInterceptor({ge.SLOW_THRESHOLD:g}) + "
-          f"ServerDeadlineInterceptor({ge.MAX_TIME:g}); client timeout {ge.CLIENT_TIMEOUT:g} s\n")
+          f"ServerDeadlineInterceptor({ge.MAX_TIME:g}) | the two as "
+          f"ServerDeadlineSlowCallInterceptor; client timeout {ge.CLIENT_TIMEOUT:g} s\n")
     ok = _print_rows(rows, against is not None)
     if args.parts:
         _print_parts(rows)

@@ -23,8 +23,10 @@ TARGET = 1.02  # deadline+slow / 2 no-op, at the median
 #: own interceptor machinery costs); two pass-throughs that wrap the handler
 #: and set a ContextVar around it (the least any pair of interceptors that
 #: act around the handler costs); ``SlowCallInterceptor`` +
-#: ``ServerDeadlineInterceptor``.
-SERVERS = ("plain", "2 no-op", "2 wrappers", "deadline+slow")
+#: ``ServerDeadlineInterceptor``; and the same two as one interceptor,
+#: ``ServerDeadlineSlowCallInterceptor`` ("combined": one wrapper, and one
+#: interceptor fewer in grpc's pipeline).
+SERVERS = ("plain", "2 no-op", "2 wrappers", "deadline+slow", "combined")
 #: deadline+slow's parts: each of the two beside a no-op, and both on a
 #: stand-in TimerThread that arms nothing (what they cost without timers).
 PARTS = ("slow + no-op", "no-op + deadline", "no timers")
@@ -74,11 +76,15 @@ def verdict(recs: list[dict[str, Any]]) -> list[str]:
         if ratio is None or noop is None:
             continue
         added = []
-        for name in ("2 wrappers", "deadline+slow", *PARTS):
+        for name in ("2 wrappers", "deadline+slow", "combined", *PARTS):
             r = by.get(f"grpc_{api}@{name}")
             if r is not None:
                 added.append(f"{name} {(r['median'] - noop['median']) / 1e3:+.1f}")
         met = "met" if ratio["median"] <= TARGET else "missed"
+        combined = by.get(f"grpc_{api}@combined")
+        as_one = ("" if combined is None else
+                  f", combined {combined['median'] / noop['median']:.3f}x")
         lines.append(f"gRPC {api}: deadline+slow {ratio['median']:.3f}x 2 no-op (target "
-                     f"<= {TARGET}: {met}); us a call over 2 no-op: " + ", ".join(added) + ".")
+                     f"<= {TARGET}: {met}){as_one}; us a call over 2 no-op: "
+                     + ", ".join(added) + ".")
     return lines
