@@ -31,7 +31,12 @@ from bucketimer.bench.workloads import sync_pairs, timeout_round, wait_for_round
 op, n = sys.argv[1], int(sys.argv[2])
 ours = op.endswith("bucketimer")
 async def main():
-    if op.startswith("timeout"):
+    if op.startswith("timeout_none"):  # the same loop with no timer armed
+        cm = bucketimer.timeout if ours else asyncio.timeout
+        for _ in range(n):
+            async with cm(None):
+                pass
+    elif op.startswith("timeout"):
         await timeout_round(bucketimer.timeout if ours else asyncio.timeout, n)
     elif op.startswith("wait_for"):
         await wait_for_round(bucketimer.wait_for if ours else asyncio.wait_for, n)
@@ -45,6 +50,7 @@ with asyncio.Runner(loop_factory=factory) as r:
 OPS = [
     ("loop.call_later(30, cb).cancel()", "pair/asyncio", "pair/drop-in"),
     ("async with timeout(30): pass", "timeout/asyncio", "timeout/bucketimer"),
+    ("async with timeout(None): pass", "timeout_none/asyncio", "timeout_none/bucketimer"),
     ("await wait_for(coro(), 30)", "wait_for/asyncio", "wait_for/bucketimer"),
 ]
 
