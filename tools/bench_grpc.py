@@ -90,7 +90,7 @@ def _print_parts(rows: list[tuple[str, dict[str, float], list[float]]]) -> None:
         for name in ge.PARTS:
             us = s[f"{name}_median_us"]
             print(f"{api:<5}{name:<18}{us:>9.1f}{us - s['noop_median_us']:>+9.1f}"
-                  f"{us / s['noop_median_us']:>8.3f}")
+                  f"{s[f'{name}_vs_noop']:>8.3f}")
 
 
 def plain_main(args: argparse.Namespace, apis: list[str],

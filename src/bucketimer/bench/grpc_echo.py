@@ -381,8 +381,7 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, float]:
     ``ratio_vs_noop`` (deadline+slow / 2 no-op: the target's),
     ``wrappers_vs_noop``, ``noop_ratio`` (2 no-op / plain), ``ratio``
     (deadline+slow / plain), ``added_us`` (deadline+slow - 2 no-op); for
-    each other server present, ``<name>_median_us`` (and for ``against``
-    and ``combined``, ``<name>_vs_noop``)."""
+    each other server present, ``<name>_median_us`` and ``<name>_vs_noop``."""
     med = {name: statistics.median(v) for name, v in samples.items()}
     plain, noop = med["plain"], med["2 no-op"]
     wrap, inter = med["2 wrappers"], med["deadline+slow"]
@@ -390,8 +389,6 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, float]:
     for name in ("against", "combined", *PARTS):
         if name in med:
             other[f"{name}_median_us"] = med[name] * 1e6
-    for name in ("against", "combined"):
-        if name in med:
             other[f"{name}_vs_noop"] = med[name] / noop
     return other | {
         "plain_median_us": plain * 1e6,
