@@ -93,7 +93,7 @@ def test_call_at_fires(loop):
 
 
 @pytest.mark.native
-def test_when(loop):
+def test_when(kind, loop):
     before = loop.time()
     h = loop.call_later(10, lambda: None)
     after = loop.time()
@@ -103,7 +103,13 @@ def test_when(loop):
     # makes uvloop hand back a plain Handle, without when())
     at = float(int(loop.time()) + 12345) + 0.5
     h2 = loop.call_at(at, lambda: None)
-    assert h2.when() == at
+    if kind == "uvloop":
+        # uvloop's own handle counts from libuv's millisecond clock, which
+        # can tick between the time() that makes the delay and the arming
+        # (34 loops in 20 000 here): the reference is exact to 1 ms only.
+        assert abs(h2.when() - at) <= 0.001 + 1e-9
+    else:
+        assert h2.when() == at
     h2.cancel()
 
 
