@@ -204,10 +204,11 @@ def test_deadline_and_slow_interceptors_together(backend: Backend, method: str, 
     # the handler's frames, stuck where it waits
     assert "work" in (reports[0].stack or "") and "stuck_in_here" in (reports[0].stack or "")
     # either way round, the slow call's end reports the call's real status;
-    # an inner slow call starts after the deadline's clock (later by the
-    # deadline's own set-up, ms when its timer is the loop's first), so its
-    # own elapsed time can end just short of the budget on aio
+    # an outer slow call's clock starts first, so it ran at least the budget;
+    # an inner one's starts after the deadline's set-up, which a loaded
+    # machine stretches by whole scheduler slices (29 ms seen, with the GIL
+    # handed to grpc's threads in between), so only most of it is certain
     assert reports[1].code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert reports[1].elapsed >= (0.3 if slow_first else 0.29)
+    assert reports[1].elapsed >= (0.3 if slow_first else 0.2)
     assert len(events) == 1
 
