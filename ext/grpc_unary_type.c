@@ -19,8 +19,11 @@
  * that subclass adds nothing to the layout (__slots__ = ()), so the free
  * list of a GrpcUnary, which only ever holds calls of its own class, can
  * hand one back out as it is.  Everything here runs with the GIL held.
+ *
+ * The layout, the construction and the start of a call are shared with the
+ * aio wrapper (grpc_aio_type.c) through grpc_call.h.
  */
-#include "module.h"
+#include "grpc_call.h"
 
 #if PY_VERSION_HEX < 0x030C0000
 #define Py_T_DOUBLE T_DOUBLE
@@ -29,52 +32,8 @@
 #define Py_T_ULONG T_ULONG
 #endif
 
-#define GRPC_CALL_FREELIST 16 /* a sync server's pool threads, each in one call */
-
 /* Above this, a server's time_remaining() means "no deadline" (grpc/_common.py). */
 #define NO_DEADLINE 1e9
-
-typedef struct GrpcUnaryObject GrpcUnaryObject;
-
-typedef struct {
-    PyObject_HEAD
-    GrpcUnaryObject *wrapper; /* strong: its free list takes this back */
-    PyObject *ctx;            /* grpc's servicer context */
-    PyObject *deadline;       /* a float, or None: no budget */
-    PyObject *source;         /* "max_time" or "client"; NULL without a budget */
-    PyObject *task;           /* None (an aio handler's task in the Python class) */
-    PyObject *handle;         /* the first timer's Handle */
-    PyObject *handle2;        /* the second timer's, or None */
-    double start;
-    unsigned long ident;      /* the handler's thread */
-    char expired, done, slow, first_slow;
-} GrpcCallObject;
-#define GRPC_CALL_REFS(X) X(wrapper) X(ctx) X(deadline) X(source) X(task) X(handle) X(handle2)
-
-struct GrpcUnaryObject {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    ext_state *st;
-    PyTypeObject *cls;  /* the method's GrpcCall subclass */
-    PyObject *behavior; /* the handler's */
-    PyObject *var;      /* the deadline ContextVar */
-    PyObject *timers;   /* () -> the TimerThread to use (the interceptor's _timers) */
-    PyObject *tt;       /* what timers() last returned */
-    int tt_native;      /* ... a TimerThread whose call_at is the core's */
-    PyObject *fire;     /* cls._fire(call): the first timer's callback */
-    PyObject *tail;     /* cls._tail(call, exc): the end of a call whose timer fired */
-    PyObject *end_expired; /* cls._end_expired_slow(call, slow) */
-    PyObject *str_time_remaining, *str_max_time, *str_client, *str_closed, *str_call_at,
-        *str_cancel;
-    PyObject *dict;     /* grpc reads and sets attributes of a behaviour */
-    double threshold, max_time; /* max_time NaN: none */
-    ext_freelist calls;
-    PyObject *call_store[GRPC_CALL_FREELIST];
-};
-#define GRPC_UNARY_REFS(X)                                                                     \
-    X(cls) X(behavior) X(var) X(timers) X(tt) X(fire) X(tail) X(end_expired)                   \
-    X(str_time_remaining) X(str_max_time) X(str_client) X(str_closed) X(str_call_at)            \
-    X(str_cancel) X(dict)
 
 /* ---- GrpcCall ----------------------------------------------------------------------- */
 
@@ -119,6 +78,7 @@ static PyMemberDef GrpcCall_members[] = {
     CALL_MEMBER("_done", Py_T_BOOL, done),
     CALL_MEMBER("_slow", Py_T_BOOL, slow),
     CALL_MEMBER("_first_slow", Py_T_BOOL, first_slow),
+    CALL_MEMBER("_where", Py_T_OBJECT_EX, where),
     {NULL}};
 
 static PyType_Slot GrpcCall_slots[] = {
@@ -142,16 +102,20 @@ PyType_Spec GrpcCall_spec = {
 
 EXT_GC_TRAVERSE(GrpcUnary, GrpcUnaryObject, GRPC_UNARY_REFS)
 
-static int GrpcUnary_clear(GrpcUnaryObject *self) {
+int ext_grpc_unary_traverse(GrpcUnaryObject *self, visitproc visit, void *arg) {
+    return GrpcUnary_traverse(self, visit, arg);
+}
+
+int ext_grpc_unary_clear(GrpcUnaryObject *self) {
     ext_freelist_clear(&self->calls);
     GRPC_UNARY_REFS(EXT_CLEAR_REF)
     return 0;
 }
 
-static void GrpcUnary_dealloc(GrpcUnaryObject *self) {
+void ext_grpc_unary_dealloc(GrpcUnaryObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-    GrpcUnary_clear(self);
+    ext_grpc_unary_clear(self);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -213,6 +177,7 @@ static GrpcCallObject *call_new(GrpcUnaryObject *w, PyObject *ctx) {
     c->task = Py_NewRef(Py_None);
     c->handle = NULL;
     c->handle2 = Py_NewRef(Py_None);
+    c->where = NULL;
     c->start = 0.0;
     c->ident = PyThread_get_thread_ident();
     c->expired = c->done = c->slow = c->first_slow = 0;
@@ -220,8 +185,7 @@ static GrpcCallObject *call_new(GrpcUnaryObject *w, PyObject *ctx) {
     return c;
 }
 
-/* 1 if the timer was cancelled (it never fires), 0 if not, -1 on error. */
-static int cancel_timer(GrpcUnaryObject *w, PyObject *h) {
+int ext_grpc_cancel_timer(GrpcUnaryObject *w, PyObject *h) {
     if (Py_IS_TYPE(h, w->st->Handle_Type)) return ext_handle_cancel((HandleObject *)h);
     PyObject *r = PyObject_CallMethodNoArgs(h, w->str_cancel);
     if (!r) return -1;
@@ -230,11 +194,13 @@ static int cancel_timer(GrpcUnaryObject *w, PyObject *h) {
     return ok;
 }
 
-static PyObject *arm(GrpcUnaryObject *w, PyObject *tt, double when, GrpcCallObject *c) {
+/* The timer at `when` for w->fire(c), delivered to `loop` (None: the
+ * dispatcher); a stand-in TimerThread's call_at chooses for itself. */
+static PyObject *arm(GrpcUnaryObject *w, PyObject *tt, double when, GrpcCallObject *c,
+                     PyObject *loop) {
     PyObject *arg = (PyObject *)c;
     if (w->tt_native)
-        return ext_schedule((TimerThreadObject *)tt, 1, when, w->fire, &arg, 1, Py_None,
-                                 NULL, 0);
+        return ext_schedule((TimerThreadObject *)tt, 1, when, w->fire, &arg, 1, loop, NULL, 0);
     PyObject *t = PyFloat_FromDouble(when);
     if (!t) return NULL;
     PyObject *h = PyObject_CallMethodObjArgs(tt, w->str_call_at, t, w->fire, arg, NULL);
@@ -270,6 +236,42 @@ static int budget(GrpcUnaryObject *w, PyObject *ctx, double now, double *deadlin
     return 0;
 }
 
+GrpcCallObject *ext_grpc_call_begin(GrpcUnaryObject *w, PyObject *ctx, PyObject *task,
+                                    PyObject *loop) {
+    double now = (double)bt_now_ns() / 1e9; /* time.monotonic() */
+    double deadline;
+    PyObject *source;
+    if (budget(w, ctx, now, &deadline, &source) < 0) return NULL;
+    int has_deadline = !isnan(deadline);
+    GrpcCallObject *c = call_new(w, ctx);
+    if (!c) return NULL;
+    if (task) Py_SETREF(c->task, Py_NewRef(task));
+    c->start = now;
+    if (has_deadline) {
+        c->deadline = PyFloat_FromDouble(deadline);
+        if (!c->deadline) goto fail;
+        c->source = Py_NewRef(source);
+    } else {
+        c->deadline = Py_NewRef(Py_None);
+    }
+    double first = now + w->threshold;
+    c->first_slow = 1;
+    if (has_deadline && deadline < first) {
+        first = deadline;
+        c->first_slow = 0;
+    }
+    PyObject *tt = live_tt(w);
+    if (!tt) goto fail;
+    Py_INCREF(tt); /* arm() may run Python code, which may call timers() again */
+    c->handle = arm(w, tt, first, c, loop);
+    Py_DECREF(tt);
+    if (!c->handle) goto fail;
+    return c;
+fail:
+    Py_DECREF(c);
+    return NULL;
+}
+
 static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args, size_t nargsf,
                                       PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -282,38 +284,14 @@ static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args,
         return NULL;
     }
     PyObject *request = args[0], *ctx = args[1];
-    double now = (double)bt_now_ns() / 1e9; /* time.monotonic() */
-    double deadline;
-    PyObject *source;
-    if (budget(w, ctx, now, &deadline, &source) < 0) return NULL;
-    int has_deadline = !isnan(deadline);
-    GrpcCallObject *c = call_new(w, ctx);
+    GrpcCallObject *c = ext_grpc_call_begin(w, ctx, NULL, Py_None); /* the dispatcher */
     if (!c) return NULL;
+    int has_deadline = c->deadline != Py_None;
     PyObject *token = NULL, *res = NULL;
-    c->start = now;
-    if (has_deadline) {
-        c->deadline = PyFloat_FromDouble(deadline);
-        if (!c->deadline) goto done;
-        c->source = Py_NewRef(source);
-    } else {
-        c->deadline = Py_NewRef(Py_None);
-    }
-    double first = now + w->threshold;
-    c->first_slow = 1;
-    if (has_deadline && deadline < first) {
-        first = deadline;
-        c->first_slow = 0;
-    }
-    PyObject *tt = live_tt(w);
-    if (!tt) goto done;
-    Py_INCREF(tt); /* arm() may run Python code, which may call timers() again */
-    c->handle = arm(w, tt, first, c);
-    Py_DECREF(tt);
-    if (!c->handle) goto done;
     token = PyContextVar_Set(w->var, c->deadline);
     if (!token) {
         c->done = 1;
-        if (cancel_timer(w, c->handle) < 0) PyErr_WriteUnraisable((PyObject *)w);
+        if (ext_grpc_cancel_timer(w, c->handle) < 0) PyErr_WriteUnraisable((PyObject *)w);
         goto done;
     }
 
@@ -322,7 +300,7 @@ static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args,
     PyObject *exc = res ? NULL : PyErr_GetRaisedException();
 
     c->done = 1;
-    int cancelled = cancel_timer(w, c->handle);
+    int cancelled = ext_grpc_cancel_timer(w, c->handle);
     PyObject *slow = NULL; /* set: the call expired (True if it was slow too) */
     if (cancelled < 0) {   /* a stand-in handle's cancel() raised: that, not the result */
         Py_CLEAR(res);
@@ -373,15 +351,9 @@ static PyObject *get_attr(PyObject *o, const char *name) {
     return PyObject_GetAttrString(o, name);
 }
 
-/* GrpcUnary(cls, behavior, var, timers, threshold, max_time) */
-static PyObject *GrpcUnary_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
-    PyObject *cls, *behavior, *var, *timers, *max_time_o;
-    double threshold;
-    static char *kw[] = {"call_type", "behavior", "var", "timers", "threshold", "max_time", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!OdO:GrpcUnary", kw, &PyType_Type, &cls,
-                                     &behavior, &PyContextVar_Type, &var, &timers, &threshold,
-                                     &max_time_o))
-        return NULL;
+GrpcUnaryObject *ext_grpc_unary_make(PyTypeObject *tp, vectorcallfunc vectorcall, PyObject *cls,
+                                     PyObject *behavior, PyObject *var, PyObject *timers,
+                                     double threshold, PyObject *max_time_o) {
     ext_state *st = ext_state_of_type(tp);
     if (!st) return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)cls, st->GrpcCall_Type) ||
@@ -410,7 +382,7 @@ static PyObject *GrpcUnary_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
     }
     GrpcUnaryObject *w = (GrpcUnaryObject *)tp->tp_alloc(tp, 0);
     if (!w) return NULL;
-    w->vectorcall = (vectorcallfunc)GrpcUnary_vectorcall;
+    w->vectorcall = vectorcall;
     w->st = st;
     ext_freelist_init(&w->calls, w->call_store, GRPC_CALL_FREELIST, 1);
     w->cls = (PyTypeObject *)Py_NewRef(cls);
@@ -420,7 +392,6 @@ static PyObject *GrpcUnary_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
     w->threshold = threshold;
     w->max_time = max_time;
     if (!(w->fire = get_attr(cls, "_fire")) || !(w->tail = get_attr(cls, "_tail")) ||
-        !(w->end_expired = get_attr(cls, "_end_expired_slow")) ||
         !(w->str_time_remaining = PyUnicode_InternFromString("time_remaining")) ||
         !(w->str_max_time = PyUnicode_InternFromString("max_time")) ||
         !(w->str_client = PyUnicode_InternFromString("client")) ||
@@ -430,6 +401,21 @@ static PyObject *GrpcUnary_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
         Py_DECREF(w);
         return NULL;
     }
+    return w;
+}
+
+/* GrpcUnary(cls, behavior, var, timers, threshold, max_time) */
+static PyObject *GrpcUnary_new(PyTypeObject *tp, PyObject *args, PyObject *kwds) {
+    PyObject *cls, *behavior, *var, *timers, *max_time_o;
+    double threshold;
+    static char *kw[] = {"call_type", "behavior", "var", "timers", "threshold", "max_time", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!OdO:GrpcUnary", kw, &PyType_Type, &cls,
+                                     &behavior, &PyContextVar_Type, &var, &timers, &threshold,
+                                     &max_time_o))
+        return NULL;
+    GrpcUnaryObject *w = ext_grpc_unary_make(tp, (vectorcallfunc)GrpcUnary_vectorcall, cls,
+                                             behavior, var, timers, threshold, max_time_o);
+    if (w && !(w->end_expired = get_attr(cls, "_end_expired_slow"))) Py_CLEAR(w);
     return (PyObject *)w;
 }
 
@@ -445,14 +431,14 @@ static PyObject *GrpcUnary_get_free(GrpcUnaryObject *self, void *Py_UNUSED(c)) {
     return PyLong_FromLong(self->calls.n);
 }
 
-static PyGetSetDef GrpcUnary_getset[] = {
+PyGetSetDef ext_grpc_unary_getset[] = {
     {"behavior", (getter)GrpcUnary_get_behavior, NULL, "The wrapped behaviour.", NULL},
     {"call_type", (getter)GrpcUnary_get_cls, NULL, "The class of its calls.", NULL},
     {"free_calls", (getter)GrpcUnary_get_free, NULL,
      "How many ended calls its free list keeps for reuse.", NULL},
     {NULL}};
 
-static PyMemberDef GrpcUnary_members[] = {
+PyMemberDef ext_grpc_unary_members[] = {
     {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(GrpcUnaryObject, vectorcall), Py_READONLY,
      NULL},
     {"__dictoffset__", Py_T_PYSSIZET, offsetof(GrpcUnaryObject, dict), Py_READONLY, NULL},
@@ -463,12 +449,12 @@ static PyType_Slot GrpcUnary_slots[] = {
                 "A sync unary behaviour served under a slow-call threshold and a deadline "
                 "with one timer per call (bucketimer.grpc)."},
     {Py_tp_new, GrpcUnary_new},
-    {Py_tp_dealloc, GrpcUnary_dealloc},
+    {Py_tp_dealloc, ext_grpc_unary_dealloc},
     {Py_tp_traverse, GrpcUnary_traverse},
-    {Py_tp_clear, GrpcUnary_clear},
+    {Py_tp_clear, ext_grpc_unary_clear},
     {Py_tp_call, PyVectorcall_Call},
-    {Py_tp_getset, GrpcUnary_getset},
-    {Py_tp_members, GrpcUnary_members},
+    {Py_tp_getset, ext_grpc_unary_getset},
+    {Py_tp_members, ext_grpc_unary_members},
     {0, NULL}};
 
 PyType_Spec GrpcUnary_spec = {

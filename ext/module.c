@@ -78,7 +78,10 @@ static int add_types(PyObject *m, ext_state *st) {
         add_type(m, &st->GrpcUnary_Type, &GrpcUnary_spec, 1) < 0)
         return -1;
 #if PY_VERSION_HEX >= 0x030C0000
-    if (add_type(m, &st->WaitFor_Type, &WaitFor_spec, 1) < 0) return -1;
+    if (add_type(m, &st->WaitFor_Type, &WaitFor_spec, 1) < 0 ||
+        add_type(m, &st->GrpcAioUnary_Type, &GrpcAioUnary_spec, 1) < 0 ||
+        add_type(m, &st->GrpcAioCoro_Type, &GrpcAioCoro_spec, 0) < 0)
+        return -1;
 #endif
     return 0;
 }

@@ -62,6 +62,7 @@ typedef struct {
     PyTypeObject *TimerThread_Type, *Handle_Type, *Port_Type, *Scheduler_Type;
     PyTypeObject *Timeout_Type, *Step_Type, *WaitFor_Type; /* WaitFor: 3.12+ */
     PyTypeObject *GrpcUnary_Type, *GrpcCall_Type;           /* grpc_unary_type.c */
+    PyTypeObject *GrpcAioUnary_Type, *GrpcAioCoro_Type;     /* grpc_aio_type.c: 3.12+ */
     /* CPython's private state, read through compat.c */
     ext_compat compat;
     /* asyncio's objects that the helpers call or compare with */
@@ -94,7 +95,8 @@ typedef struct {
  * interned names with their text (created and cleared by module.c). */
 #define EXT_STATE_TYPES(X) \
     X(TimerThread_Type) X(Handle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
-    X(Step_Type) X(WaitFor_Type) X(GrpcUnary_Type) X(GrpcCall_Type)
+    X(Step_Type) X(WaitFor_Type) X(GrpcUnary_Type) X(GrpcCall_Type) X(GrpcAioUnary_Type) \
+    X(GrpcAioCoro_Type)
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt)
@@ -199,7 +201,7 @@ typedef struct TimeoutObject {
 /* ---- types (their specs, added to the module by module.c) --------------- */
 
 extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
-    Timeout_spec, WaitFor_spec, GrpcUnary_spec, GrpcCall_spec;
+    Timeout_spec, WaitFor_spec, GrpcUnary_spec, GrpcCall_spec, GrpcAioUnary_spec, GrpcAioCoro_spec;
 
 /* ---- across files ------------------------------------------------------- */
 
@@ -270,5 +272,16 @@ PyObject *ext_timeout_at(PyObject *m, PyObject *when);
 /* wait_for_type.c (3.12 and later) */
 PyObject *ext_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ext_set_wait_for_nonpositive(PyObject *m, PyObject *fn);
+/* The coroutine protocol's pieces that grpc_aio_type.c shares: what `await o`
+ * iterates (GET_AWAITABLE); raising `exc` (stolen) with __context__ `context`
+ * (stolen) as inside an `except` block; the value of the StopIteration that
+ * ends a call; close() of an iterator that has one; throw(exc) into an
+ * awaited iterator as `yield from` does; a step's outcome as a call's. */
+PyObject *ext_awaitable_iter(ext_state *st, PyObject *o);
+void ext_raise_with_context(PyObject *exc, PyObject *context);
+PySendResult ext_fetch_return(PyObject **result);
+int ext_close_iter(ext_state *st, PyObject *it);
+PySendResult ext_throw_into(ext_state *st, PyObject *inner, PyObject *exc, PyObject **result);
+PyObject *ext_step_as_call(ext_state *st, PySendResult r, PyObject *result);
 
 #endif

@@ -91,7 +91,7 @@ static PyObject *not_awaitable(PyObject *o, PyObject *res) {
 }
 
 /* What `await o` iterates: the interpreter's GET_AWAITABLE. */
-static PyObject *awaitable_iter(ext_state *st, PyObject *o) {
+PyObject *ext_awaitable_iter(ext_state *st, PyObject *o) {
     if (is_coroutine(o)) {
         if (PyCoro_CheckExact(o)) {
             /* a coroutine suspended in an await of its own is someone
@@ -122,7 +122,7 @@ static PyObject *awaitable_iter(ext_state *st, PyObject *o) {
 /* Sets `exc` (stolen) as the raised exception, with `context` (stolen) as
  * its __context__ unless it already is in its chain: what raising inside
  * an `except` block does. */
-static void raise_with_context(PyObject *exc, PyObject *context) {
+void ext_raise_with_context(PyObject *exc, PyObject *context) {
     if (context && context != exc) {
         PyObject *c = PyException_GetContext(exc);
         if (!c) PyException_SetContext(exc, context);
@@ -161,14 +161,14 @@ static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject
         PyErr_SetHandledException(handled);
         Py_XDECREF(handled);
         if (rc == 0) PyErr_SetRaisedException(exc); /* __aexit__ never swallows */
-        else raise_with_context(PyErr_GetRaisedException(), exc);
+        else ext_raise_with_context(PyErr_GetRaisedException(), exc);
     }
     Py_DECREF(tm);
     return r;
 }
 
 /* The StopIteration that ends a throw() or send() call: its value. */
-static PySendResult fetch_return(PyObject **result) {
+PySendResult ext_fetch_return(PyObject **result) {
     if (!PyErr_ExceptionMatches(PyExc_StopIteration)) return PYGEN_ERROR;
     PyObject *e = PyErr_GetRaisedException();
     PyObject *v = ((PyStopIterationObject *)e)->value;
@@ -178,7 +178,7 @@ static PySendResult fetch_return(PyObject **result) {
 }
 
 /* Calls close() of an iterator, if it has one. */
-static int close_iter(ext_state *st, PyObject *it) {
+int ext_close_iter(ext_state *st, PyObject *it) {
     PyObject *meth;
     if (optional_attr(it, st->str_close, &meth) < 0) return -1;
     if (!meth) return 0;
@@ -192,11 +192,9 @@ static int close_iter(ext_state *st, PyObject *it) {
 /* throw(exc) into the awaited iterator, as `yield from` does: GeneratorExit
  * closes it and is raised here; an iterator without throw() lets the
  * exception be raised here. */
-static PySendResult waitfor_throw_inner(WaitForObject *self, PyObject *exc, PyObject **result) {
-    ext_state *st = self->st;
-    PyObject *inner = self->inner;
+PySendResult ext_throw_into(ext_state *st, PyObject *inner, PyObject *exc, PyObject **result) {
     if (PyErr_GivenExceptionMatches(exc, PyExc_GeneratorExit)) {
-        if (close_iter(st, inner) < 0) return PYGEN_ERROR; /* that error is raised instead */
+        if (ext_close_iter(st, inner) < 0) return PYGEN_ERROR; /* that error is raised instead */
         PyErr_SetRaisedException(Py_NewRef(exc));
         return PYGEN_ERROR;
     }
@@ -213,7 +211,7 @@ static PySendResult waitfor_throw_inner(WaitForObject *self, PyObject *exc, PyOb
         *result = ret;
         return PYGEN_NEXT;
     }
-    return fetch_return(result);
+    return ext_fetch_return(result);
 }
 
 /* `timeout <= 0`: 1, 0, or -1 with an error (asyncio compares with 0). */
@@ -284,7 +282,7 @@ static PySendResult waitfor_start(WaitForObject *self, PyObject **result) {
         self->timeout = waitfor_enter(self->st, delay);
         if (self->timeout) {
             self->state = W_SUSPENDED;
-            PyObject *inner = awaitable_iter(self->st, fut);
+            PyObject *inner = ext_awaitable_iter(self->st, fut);
             r = inner ? waitfor_first_send(self, inner, result)
                       : waitfor_finish(self, PYGEN_ERROR, result);
         }
@@ -326,7 +324,7 @@ static PySendResult waitfor_step(WaitForObject *self, PyObject *arg, PyObject *e
     if (self->state == W_CREATED) {
         r = waitfor_start(self, result);
     } else {
-        r = exc ? waitfor_throw_inner(self, exc, result) : PyIter_Send(self->inner, arg, result);
+        r = exc ? ext_throw_into(self->st, self->inner, exc, result) : PyIter_Send(self->inner, arg, result);
         if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
     }
     self->running = 0;
@@ -340,10 +338,10 @@ static PySendResult WaitFor_am_send(WaitForObject *self, PyObject *arg, PyObject
 }
 
 /* The outcome of a step as a call's: a yielded value, or StopIteration. */
-static PyObject *step_as_call(WaitForObject *self, PySendResult r, PyObject *result) {
+PyObject *ext_step_as_call(ext_state *st, PySendResult r, PyObject *result) {
     if (r == PYGEN_NEXT) return result;
     if (r == PYGEN_RETURN) {
-        ext_raise_stop_iteration(&self->st->compat, result);
+        ext_raise_stop_iteration(&st->compat, result);
         Py_DECREF(result);
     }
     return NULL;
@@ -356,13 +354,13 @@ static PyObject *WaitFor_iternext(WaitForObject *self) {
         Py_DECREF(result);
         return NULL;
     }
-    return step_as_call(self, r, result);
+    return ext_step_as_call(self->st, r, result);
 }
 
 static PyObject *WaitFor_send(WaitForObject *self, PyObject *arg) {
     PyObject *result;
     PySendResult r = waitfor_step(self, arg, NULL, &result);
-    return step_as_call(self, r, result);
+    return ext_step_as_call(self->st, r, result);
 }
 
 /* throw(exc) or the older throw(type[, value[, traceback]]) */
@@ -372,7 +370,7 @@ static PyObject *WaitFor_throw(WaitForObject *self, PyObject *const *args, Py_ss
     PyObject *result;
     PySendResult r = waitfor_step(self, NULL, exc, &result);
     Py_DECREF(exc);
-    return step_as_call(self, r, result);
+    return ext_step_as_call(self->st, r, result);
 }
 
 /* close(): GeneratorExit at the suspension point (after closing the awaited
@@ -390,7 +388,7 @@ static PyObject *WaitFor_close(WaitForObject *self, PyObject *Py_UNUSED(ignored)
         return NULL;
     }
     self->running = 1;
-    if (close_iter(self->st, self->inner) == 0) PyErr_SetNone(PyExc_GeneratorExit);
+    if (ext_close_iter(self->st, self->inner) == 0) PyErr_SetNone(PyExc_GeneratorExit);
     PyObject *result = NULL;
     (void)waitfor_finish(self, PYGEN_ERROR, &result);
     self->running = 0;

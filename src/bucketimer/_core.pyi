@@ -91,6 +91,7 @@ class GrpcCall:
     _done: bool
     _slow: bool
     _first_slow: bool
+    _where: Any
 
 @final
 class GrpcUnary:
@@ -110,6 +111,27 @@ class GrpcUnary:
     def call_type(self) -> type[GrpcCall]: ...
     @property
     def free_calls(self) -> int: ...
+
+if sys.version_info >= (3, 12):
+    @final
+    class GrpcAioUnary:
+        def __new__(
+            cls,
+            call_type: type[GrpcCall],
+            behavior: Callable[[Any, Any], Any],
+            var: contextvars.ContextVar[float | None],
+            timers: Callable[[], Any],
+            threshold: float,
+            max_time: float | None,
+            current_task: Callable[[], Any],
+        ) -> Self: ...
+        def __call__(self, request: Any, context: Any, /) -> Coroutine[Any, Any, Any]: ...
+        @property
+        def behavior(self) -> Callable[[Any, Any], Any]: ...
+        @property
+        def call_type(self) -> type[GrpcCall]: ...
+        @property
+        def free_calls(self) -> int: ...
 
 @disjoint_base
 class TimerThread:

@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import io
 import linecache
+import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -20,6 +21,7 @@ import grpc  # the real grpcio (bucketimer.grpc, imported first, says if it is m
 import grpc.aio
 
 import bucketimer
+from bucketimer import _backend
 
 from . import _common
 from ._common import *  # noqa: F403 - the names both backends export
@@ -28,6 +30,7 @@ from ._common import (
     DeadlineEvent,
     _as_status,
     _BothSettings,
+    _ContextProxy,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
@@ -528,9 +531,18 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
                 behavior: Callable[..., Any], method: str) -> Callable[..., Any]:
     """One wrapper for a coroutine handler doing what ``sic`` around ``dic``
     does: one coroutine, one context object that is also the timer's
-    payload, one timer, one ``ContextVar`` set."""
-    cls = _AioBothContext._for(dic, method, _sic=sic, _threshold=sic._threshold,
-                                _status=staticmethod(_aio_server_code))
+    payload, one timer, one ``ContextVar`` set.  On the native backend and
+    Python 3.12+ the wrapper is C (:class:`_NativeAioBothContext`): its
+    coroutine has no frame."""
+    status = staticmethod(_aio_server_code)
+    if _GrpcAioUnary is not None:
+        ncls = _DeadlineCall._for.__func__(  # type: ignore[attr-defined]
+            _NativeAioBothContext, dic, method, _sic=sic, _threshold=sic._threshold, _status=status)
+        wrapper: Callable[..., Any] = _GrpcAioUnary(ncls, behavior, _deadline_var, dic._timers,
+                                                    sic._threshold, dic._max_time, _current_task)
+        # what grpc.aio asks (inspect.iscoroutinefunction) before awaiting a handler
+        return inspect.markcoroutinefunction(wrapper)
+    cls = _AioBothContext._for(dic, method, _sic=sic, _threshold=sic._threshold, _status=status)
     begin = cls._begin_both
 
     async def both_coro(request: Any, context: Any) -> Any:
@@ -554,6 +566,63 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
         await call._end_expired_slow()
 
     return both_coro
+
+
+#: the C wrapper's type on the native backend, 3.12+ (else None: the Python
+#: ``both_coro`` serves; 3.11's ``inspect.iscoroutinefunction`` recognises
+#: only function-like objects with a coroutine ``__code__``)
+_GrpcAioUnary: Any = None
+
+if _backend.NATIVE and sys.version_info >= (3, 12):
+    from bucketimer._core import GrpcAioUnary
+    from bucketimer._core import GrpcCall as _GrpcCall
+
+    _GrpcAioUnary = GrpcAioUnary
+
+    class _NativeAioBothContext(_GrpcCall):
+        """:class:`_AioBothContext` for the C wrapper (``_core.GrpcAioUnary``):
+        the same fields, as the C type's, and the same methods, but for
+        :meth:`_tail`, the part of ``both_coro`` left in Python: the end of a
+        call whose handler raised or whose timer fired.  Subclassed per
+        method as :meth:`_DeadlineCall._for` does."""
+
+        __slots__ = ()
+        _ic: ServerDeadlineInterceptor
+        _method: str
+        _sic: SlowCallInterceptor
+        _threshold: float
+
+        __getattr__ = _ContextProxy.__getattr__
+        time_remaining = _DeadlineCall.time_remaining
+        code = _DeadlineCall.code
+        _budget_length = _DeadlineCall._budget_length
+        _report = _DeadlineCall._report
+        _fire = _FusedCall._fire
+        _rearm = _FusedCall._rearm
+        _slow_point = _FusedCall._slow_point
+        _raised = _FusedCall._raised
+        _returned = _FusedCall._returned
+        _ended = _FusedCall._ended
+        _end_slow = _FusedCall._end_slow
+        _expire = _AioDeadlineContext._fire
+        _ends_expired = _AioDeadlineContext._ends_expired
+        _end_expired = _AioDeadlineContext._end_expired
+        _live_stack = _AioBothContext._live_stack
+        _finish_both = _settle = _AioBothContext._finish_both
+        _ends_expired_both = _AioBothContext._ends_expired_both
+        _end_expired_slow = _AioBothContext._end_expired_slow
+
+        @staticmethod
+        def _tail(call: Any, exc: BaseException | None) -> Coroutine[Any, Any, None] | None:
+            """The handler ended (``exc``: how, if it raised; if it returned,
+            the first timer had fired), as ``both_coro``'s ``except`` and
+            ``else`` blocks see it.  None: the wrapper returns the result or
+            re-raises ``exc`` (a slow call's end reported); else the
+            coroutine that ends the expired call, which the wrapper awaits."""
+            expired = call._returned() if exc is None else call._raised(exc)
+            return call._end_expired_slow() if expired else None  # type: ignore[no-any-return]
+
+    grpc.aio.ServicerContext.register(_NativeAioBothContext)
 
 
 # -- both at once ----------------------------------------------------------------------------
