@@ -1,0 +1,379 @@
+"""The fused aio wrapper (SlowCallInterceptor around ServerDeadlineInterceptor,
+or ServerDeadlineSlowCallInterceptor) of a coroutine handler, called
+directly with a stand-in context in a running loop: what it must keep
+whichever backend serves it -- C on the native backend and Python 3.12+
+(``_core.GrpcAioUnary``, whose call returns a C coroutine), the Python
+``both_coro`` elsewhere (docs/grpc.rst, "Both at once").  Also run with
+``BUCKETIMER_NO_EXTENSIONS=1``, which selects the Python one."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+import grpc.aio  # noqa: E402
+
+from _grpc_harness import SERVICE  # noqa: E402
+
+import bucketimer  # noqa: E402
+import bucketimer.grpc.aio as bta  # noqa: E402
+from bucketimer import _backend  # noqa: E402
+
+METHOD = f"/{SERVICE}/DirectAio"
+NATIVE = _backend.NATIVE and sys.version_info >= (3, 12)
+
+
+class StandIn:
+    """The parts of an aio servicer context the interceptors use."""
+
+    def __init__(self, left: float | None) -> None:
+        self.left = left
+        self.aborted: list[Any] = []
+        self._code: Any = None
+
+    def time_remaining(self) -> float | None:
+        return self.left
+
+    def code(self) -> Any:
+        return self._code
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    async def abort(self, code: Any, details: str) -> None:
+        self.aborted.append((code, details))
+        raise grpc.aio.AbortError()
+
+
+def _wrapper(behavior: Any, tt: bucketimer.TimerThread, threshold: float, max_time: float | None,
+             **kw: Any) -> Any:
+    ic = bta.ServerDeadlineSlowCallInterceptor(threshold, max_time, timer_thread=tt, **kw)
+    return ic._wrap(behavior, METHOD, False, False)
+
+
+def _run(main: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(main())  # type: ignore[arg-type]
+
+
+async def _echo(req: bytes, ctx: Any) -> bytes:
+    return req
+
+
+def test_which_wrapper_serves_it(tt: bucketimer.TimerThread) -> None:
+    w = _wrapper(_echo, tt, 1.0, 2.0)
+    assert inspect.iscoroutinefunction(w)  # what grpc.aio asks before awaiting it
+    slow, deadline = bta.SlowCallInterceptor(1.0, timer_thread=tt), bta.ServerDeadlineInterceptor(2.0, timer_thread=tt)
+    fused = slow._wrap(deadline._wrap(_echo, METHOD, False, False), METHOD, False, False)
+    assert type(fused) is type(w)
+    if NATIVE:
+        from bucketimer import _core
+
+        assert type(w) is _core.GrpcAioUnary and w.behavior is _echo and w.free_calls == 0
+        c = w(b"", StandIn(None))
+        assert type(c).__name__ == "GrpcAioCoro"
+        c.close()
+    else:
+        # 3.11 (its iscoroutinefunction wants a function) and the pure backend
+        assert inspect.iscoroutinefunction(w) and w.__name__ == "both_coro"
+
+
+def test_a_call_in_time(tt: bucketimer.TimerThread) -> None:
+    seen: list[Any] = []
+
+    async def behavior(req: bytes, ctx: Any) -> bytes:
+        await asyncio.sleep(0)
+        seen.append((ctx.time_remaining(), bta.remaining(), bta.current_deadline(), ctx.code(),
+                     ctx.peer(), isinstance(ctx, grpc.aio.ServicerContext), ctx._task))
+        return req + b"!"
+
+    w = _wrapper(behavior, tt, 5.0, 3.0)
+
+    async def main() -> Any:
+        got = await w(b"x", StandIn(10.0))
+        return got, bta.current_deadline(), asyncio.current_task()
+
+    got, after, task = _run(main)
+    assert got == b"x!" and after is None  # the variable is reset at the end
+    (ctx_left, left, deadline, code, peer, is_ctx, ctx_task), = seen
+    assert 2.5 < ctx_left <= 3.0 and 2.5 < left <= 3.0  # max_time (3 s) < the client's 10 s
+    assert deadline is not None and code is None and peer == "ipv4:127.0.0.1:1"
+    assert is_ctx and ctx_task is task
+    stats = tt.stats()
+    assert stats["scheduled"] == 1 and stats["cancelled"] == 1 and stats["fired"] == 0
+    if NATIVE:
+        assert w.free_calls == 1  # the call went back to the wrapper's free list
+
+
+def test_no_budget_the_handler_gets_grpcs_context(tt: bucketimer.TimerThread) -> None:
+    got: list[Any] = []
+
+    async def behavior(req: bytes, ctx: Any) -> None:
+        got.append((ctx, bta.remaining()))
+
+    w = _wrapper(behavior, tt, 5.0, None)
+    plain, huge, client = StandIn(None), StandIn(1e10), StandIn(0.5)
+
+    async def main() -> None:
+        for ctx in (plain, huge, client):
+            assert await w(b"", ctx) is None
+
+    _run(main)
+    assert got[0] == (plain, None) and got[1] == (huge, None)
+    ctx, left = got[2]
+    assert ctx is not client and ctx._source == "client" and 0.3 < left <= 0.5
+
+
+def test_the_variable_is_set_only_inside_the_handler(tt: bucketimer.TimerThread) -> None:
+    seen: list[Any] = []
+
+    async def main() -> None:
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def behavior(req: bytes, ctx: Any) -> None:
+            started.set()
+            await release.wait()
+            seen.append(bta.remaining())
+
+        async def other() -> None:
+            await started.wait()
+            seen.append(("other task", bta.remaining()))
+            release.set()
+
+        w = _wrapper(behavior, tt, 5.0, 3.0)
+        await asyncio.gather(w(b"", StandIn(None)), other())
+        seen.append(("after", bta.remaining()))
+
+    _run(main)
+    assert seen[0] == ("other task", None)
+    assert 2.5 < seen[1] <= 3.0 and seen[2] == ("after", None)
+
+
+def test_an_exception_propagates_unchanged(tt: bucketimer.TimerThread) -> None:
+    reports: list[Any] = []
+    boom = ValueError("boom")
+
+    async def raiser(req: bytes, ctx: Any) -> bytes:
+        await asyncio.sleep(0)
+        raise boom
+
+    w = _wrapper(raiser, tt, 5.0, 3.0, on_slow=reports.append)
+
+    async def main() -> Any:
+        with pytest.raises(ValueError) as info:
+            await w(b"", StandIn(10.0))
+        return info, bta.current_deadline()
+
+    info, after = _run(main)
+    assert info.value is boom and after is None
+    assert any(entry.name == "raiser" for entry in info.traceback)
+    assert tt.stats()["cancelled"] == 1 and reports == []
+
+
+@pytest.mark.parametrize("how", ["return", "raise", "suppress"])
+def test_an_expired_call_ends_with_deadline_exceeded(tt: bucketimer.TimerThread, how: str) -> None:
+    events: list[bta.DeadlineEvent] = []
+    reports: list[bta.SlowCall] = []
+    inside: list[Any] = []
+
+    async def behavior(req: bytes, ctx: Any) -> bytes:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            inside.append((ctx.time_remaining(), ctx.code(), bta.remaining()))
+            if how == "raise":
+                raise
+        return req  # "return", "suppress": the cancellation swallowed
+
+    w = _wrapper(behavior, tt, 5.0, 0.05, on_deadline=events.append, on_slow=reports.append)
+    ctx = StandIn(10.0)
+
+    async def main() -> Any:
+        with pytest.raises(grpc.aio.AbortError):
+            await w(b"x", ctx)
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling(), bta.current_deadline()
+
+    cancelling, after = _run(main)
+    assert cancelling == 0 and after is None  # uncancelled: the task goes on
+    assert ctx.aborted == [(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")]
+    assert inside == [(0.0, grpc.StatusCode.DEADLINE_EXCEEDED, 0.0)]
+    assert [(e.source, e.budget, e.cancelled) for e in events] == [("max_time", 0.05, True)]
+    assert reports == []  # never slow: the threshold's timer, re-armed, was cancelled
+
+
+def test_a_slow_call_reports_its_live_await_stack(tt: bucketimer.TimerThread) -> None:
+    reports: list[bta.SlowCall] = []
+
+    async def stuck_here() -> None:
+        while not reports:
+            await asyncio.sleep(0.005)
+
+    async def behavior(req: bytes, ctx: Any) -> bytes:
+        await stuck_here()
+        return req
+
+    w = _wrapper(behavior, tt, 0.05, 5.0, on_slow=reports.append)
+
+    async def main() -> Any:
+        return await w(b"ok", StandIn(10.0))
+
+    assert _run(main) == b"ok"
+    assert [r.finished for r in reports] == [False, True]
+    stack = reports[0].stack or ""
+    assert "in behavior" in stack and "in stuck_here" in stack and reports[0].method == METHOD
+    assert reports[1].code == grpc.StatusCode.OK and reports[1].elapsed >= 0.05
+
+
+def test_a_cancelled_handler_near_the_client_deadline_is_reported(tt: bucketimer.TimerThread) -> None:
+    events: list[bta.DeadlineEvent] = []
+
+    async def behavior(req: bytes, ctx: Any) -> None:
+        await asyncio.sleep(5)
+
+    w = _wrapper(behavior, tt, 5.0, None, on_deadline=events.append)
+
+    async def main() -> None:
+        # grpc cancels the task itself at the client's deadline, a little before ours
+        task = asyncio.ensure_future(w(b"", StandIn(0.03)))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    _run(main)
+    assert [(e.source, e.cancelled) for e in events] == [("client", False)]
+
+
+def test_a_cancel_from_outside_propagates(tt: bucketimer.TimerThread) -> None:
+    events: list[Any] = []
+    ctx = StandIn(None)
+
+    async def behavior(req: bytes, ctx: Any) -> None:
+        await asyncio.sleep(5)
+
+    w = _wrapper(behavior, tt, 5.0, 10.0, on_deadline=events.append)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(w(b"", ctx))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    _run(main)
+    assert events == [] and ctx.aborted == [] and tt.stats()["cancelled"] == 1
+
+
+# -- the coroutine protocol of what the wrapper returns ---------------------------------------
+
+
+def test_close_or_throw_before_the_first_send_runs_nothing(tt: bucketimer.TimerThread) -> None:
+    ran: list[Any] = []
+
+    async def behavior(req: bytes, ctx: Any) -> None:
+        ran.append(req)
+
+    w = _wrapper(behavior, tt, 5.0, 1.0)
+
+    async def main() -> None:
+        c = w(b"", StandIn(None))
+        c.close()
+        c.close()
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            await c
+        c = w(b"", StandIn(None))
+        with pytest.raises(KeyError):
+            c.throw(KeyError("k"))
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            c.send(None)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _run(main)
+    assert ran == [] and tt.stats()["scheduled"] == 0
+
+
+def test_send_throw_and_close_reach_the_handler(tt: bucketimer.TimerThread) -> None:
+    log: list[Any] = []
+
+    async def behavior(req: bytes, ctx: Any) -> Any:
+        while True:
+            try:
+                got = await Step()
+            except KeyError as e:
+                log.append(("caught", e.args[0], bta.remaining() is not None))
+                continue
+            except GeneratorExit:
+                log.append(("closed", bta.remaining() is not None))
+                raise
+            if got == "done":
+                return req
+            log.append(("sent", got))
+
+    w = _wrapper(behavior, tt, 5.0, 3.0)
+
+    async def main() -> None:
+        c = w(b"r", StandIn(None))
+        assert c.send(None) == "step"  # the handler's first suspension, yielded through
+        assert bta.remaining() is not None  # set in this (the driving) context
+        assert c.send("a") == "step"
+        assert c.throw(KeyError("k")) == "step"
+        with pytest.raises(StopIteration) as stop:
+            c.send("done")
+        assert stop.value.value == b"r" and bta.remaining() is None
+        with pytest.raises(RuntimeError, match="cannot reuse"):
+            c.send(None)
+        # close() while suspended: GeneratorExit at the handler's await
+        c = w(b"r", StandIn(None))
+        assert c.send(None) == "step"
+        assert c.close() is None
+        assert bta.remaining() is None
+        # an exception thrown in that the handler does not catch ends it
+        c = w(b"r", StandIn(None))
+        c.send(None)
+        with pytest.raises(ValueError, match="v"):
+            c.throw(ValueError("v"))
+        assert bta.remaining() is None
+
+    _run(main)
+    assert log == [("sent", "a"), ("caught", "k", True), ("closed", True)]
+    stats = tt.stats()
+    assert stats["scheduled"] == 3 and stats["cancelled"] == 3 and stats["fired"] == 0
+
+
+class Step:
+    """An awaitable yielding "step" once and returning what is sent back."""
+
+    def __await__(self) -> Any:
+        return (yield "step")
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C wrapper: native backend, Python 3.12+")
+def test_a_behaviour_raising_when_called(tt: bucketimer.TimerThread) -> None:
+    from bucketimer import _core
+
+    def bad(req: bytes, ctx: Any) -> Any:
+        raise LookupError("at call")
+
+    call_type = _wrapper(_echo, tt, 5.0, 3.0).call_type
+    w = _core.GrpcAioUnary(call_type, bad, bta._deadline_var, lambda: tt, 5.0, 3.0,
+                           asyncio.current_task)
+
+    async def main() -> None:
+        with pytest.raises(LookupError, match="at call"):
+            await w(b"", StandIn(None))
+        assert bta.remaining() is None
+
+    _run(main)
+    assert tt.stats()["scheduled"] == 1 and tt.stats()["cancelled"] == 1
+    with pytest.raises(TypeError):  # a class with a layout of its own
+        _core.GrpcAioUnary(type("C", (_core.GrpcCall,), {}), bad, bta._deadline_var,
+                           lambda: tt, 1.0, None, asyncio.current_task)
