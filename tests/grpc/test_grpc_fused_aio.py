@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 grpc = pytest.importorskip("grpc")
-import grpc.aio  # noqa: E402
 
 from _grpc_harness import SERVICE  # noqa: E402
 

@@ -555,6 +555,23 @@ class _FusedCall(_DeadlineCall):
         self._sic._report_server(self._method, self._start, True, self._status(self._ctx, exc), None)
 
 
+class _NativeCallMethods:
+    """The methods of :class:`_FusedCall` that the backends' call classes
+    for their C wrappers (subclasses of ``_core.GrpcCall``, whose fields
+    are :class:`_FusedCall`'s) take as they are; each adds its backend's."""
+
+    __slots__ = ()
+    __getattr__ = _ContextProxy.__getattr__
+    time_remaining = _DeadlineCall.time_remaining
+    code = _DeadlineCall.code
+    _budget_length = _DeadlineCall._budget_length
+    _report = _DeadlineCall._report
+    _fire = _FusedCall._fire
+    _rearm = _FusedCall._rearm
+    _slow_point = _FusedCall._slow_point
+    _end_slow = _FusedCall._end_slow
+
+
 # -- wrapping a server's handlers ----------------------------------------------------------------
 
 

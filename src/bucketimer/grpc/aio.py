@@ -30,7 +30,6 @@ from ._common import (
     DeadlineEvent,
     _as_status,
     _BothSettings,
-    _ContextProxy,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
@@ -39,6 +38,7 @@ from ._common import (
     _mark_fusable,
     _method_name,
     _monotonic,
+    _NativeCallMethods,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
@@ -535,7 +535,7 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
     Python 3.12+ the wrapper is C (:class:`_NativeAioBothContext`): its
     coroutine has no frame."""
     status = staticmethod(_aio_server_code)
-    if _GrpcAioUnary is not None:
+    if sys.version_info >= (3, 12) and _GrpcAioUnary is not None:
         ncls = _DeadlineCall._for.__func__(  # type: ignore[attr-defined]
             _NativeAioBothContext, dic, method, _sic=sic, _threshold=sic._threshold, _status=status)
         wrapper: Callable[..., Any] = _GrpcAioUnary(ncls, behavior, _deadline_var, dic._timers,
@@ -579,7 +579,7 @@ if _backend.NATIVE and sys.version_info >= (3, 12):
 
     _GrpcAioUnary = GrpcAioUnary
 
-    class _NativeAioBothContext(_GrpcCall):
+    class _NativeAioBothContext(_NativeCallMethods, _GrpcCall):
         """:class:`_AioBothContext` for the C wrapper (``_core.GrpcAioUnary``):
         the same fields, as the C type's, and the same methods, but for
         :meth:`_tail`, the part of ``both_coro`` left in Python: the end of a
@@ -592,18 +592,9 @@ if _backend.NATIVE and sys.version_info >= (3, 12):
         _sic: SlowCallInterceptor
         _threshold: float
 
-        __getattr__ = _ContextProxy.__getattr__
-        time_remaining = _DeadlineCall.time_remaining
-        code = _DeadlineCall.code
-        _budget_length = _DeadlineCall._budget_length
-        _report = _DeadlineCall._report
-        _fire = _FusedCall._fire
-        _rearm = _FusedCall._rearm
-        _slow_point = _FusedCall._slow_point
         _raised = _FusedCall._raised
         _returned = _FusedCall._returned
         _ended = _FusedCall._ended
-        _end_slow = _FusedCall._end_slow
         _expire = _AioDeadlineContext._fire
         _ends_expired = _AioDeadlineContext._ends_expired
         _end_expired = _AioDeadlineContext._end_expired
@@ -620,7 +611,7 @@ if _backend.NATIVE and sys.version_info >= (3, 12):
             re-raises ``exc`` (a slow call's end reported); else the
             coroutine that ends the expired call, which the wrapper awaits."""
             expired = call._returned() if exc is None else call._raised(exc)
-            return call._end_expired_slow() if expired else None  # type: ignore[no-any-return]
+            return call._end_expired_slow() if expired else None
 
     grpc.aio.ServicerContext.register(_NativeAioBothContext)
 

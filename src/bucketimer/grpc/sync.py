@@ -28,7 +28,6 @@ from ._common import (
     DeadlineEvent,
     _BothSettings,
     _code_of,
-    _ContextProxy,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
@@ -37,6 +36,7 @@ from ._common import (
     _mark_fusable,
     _method_name,
     _monotonic,
+    _NativeCallMethods,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
@@ -463,7 +463,7 @@ if _backend.NATIVE:
 
     _GrpcUnary = GrpcUnary
 
-    class _NativeBothContext(_GrpcCall):
+    class _NativeBothContext(_NativeCallMethods, _GrpcCall):
         """:class:`_BothContext` for the C wrapper (``_core.GrpcUnary``):
         the same fields, as the C type's, and the same methods, but for how
         the live stack is found (the wrapper has no frame: the call keeps
@@ -477,19 +477,10 @@ if _backend.NATIVE:
         _sic: SlowCallInterceptor
         _threshold: float
 
-        __getattr__ = _ContextProxy.__getattr__
-        time_remaining = _DeadlineCall.time_remaining
-        code = _DeadlineCall.code
-        _budget_length = _DeadlineCall._budget_length
-        _report = _DeadlineCall._report
         is_active = _DeadlineContext.is_active
         _end_expired = _DeadlineContext._end_expired
         _expire = _DeadlineContext._fire
-        _fire = _FusedCall._fire
-        _rearm = _FusedCall._rearm
-        _slow_point = _FusedCall._slow_point
         _settle = _FusedCall._settle
-        _end_slow = _BothContext._end_slow
 
         def _end_expired_slow(self, slow: bool) -> None:
             """:meth:`_BothContext._end_expired_slow`, told by the C wrapper
