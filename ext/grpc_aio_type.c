@@ -32,21 +32,19 @@
  * task's context), and reset when the handler ends, however it ends.  The
  * class's _tail (Python) decides the rare ends -- a handler that raised, or
  * a timer that fired -- and returns the coroutine that ends an expired call,
- * which the GrpcAioCoro then awaits in place of the handler.  Everything
- * here runs in the loop's thread with the GIL held; a GrpcAioCoro's
- * `running` flag refuses a re-entrant send/throw/close.
+ * which the GrpcAioCoro then awaits in place of the handler.  The coroutine
+ * protocol itself (send/throw/close and its rules) is the C coroutine shell
+ * of wait_for_type.c.  Everything here runs in the loop's thread with the
+ * GIL held.
  */
 #include "grpc_call.h"
 
 #if PY_VERSION_HEX >= 0x030C0000
 
-enum { A_CREATED, A_HANDLER, A_TAIL, A_CLOSED };
-
 typedef struct {
-    PyObject_HEAD
-    GrpcUnaryObject *w; /* the wrapper, strong */
-    int state;
-    int running;              /* inside send/throw/close */
+    ext_coro co;              /* state and running flag: the shell's (module.h) */
+    GrpcUnaryObject *w;       /* the wrapper, strong */
+    int in_tail;              /* suspended in the tail, not the handler */
     PyObject *request, *ctx;  /* the arguments, until started */
     GrpcCallObject *call;     /* while the handler runs */
     PyObject *token;          /* the variable's, while the handler runs */
@@ -119,20 +117,20 @@ static PySendResult aio_handler_ended(GrpcAioCoroObject *self, PySendResult r,
         PyObject *inner = ext_awaitable_iter(w->st, tail);
         Py_DECREF(tail);
         if (!inner) {
-            self->state = A_CLOSED;
+            self->co.state = EXT_CORO_CLOSED;
             return PYGEN_ERROR;
         }
         self->inner = inner;
-        self->state = A_TAIL;
+        self->in_tail = 1;
         r = PyIter_Send(inner, Py_None, result);
         if (r != PYGEN_NEXT) {
             Py_CLEAR(self->inner);
-            self->state = A_CLOSED;
+            self->co.state = EXT_CORO_CLOSED;
         }
         return r;
     }
     Py_XDECREF(tail);
-    self->state = A_CLOSED;
+    self->co.state = EXT_CORO_CLOSED;
     if (err) {
         PyErr_SetRaisedException(err);
         return PYGEN_ERROR;
@@ -142,11 +140,16 @@ static PySendResult aio_handler_ended(GrpcAioCoroObject *self, PySendResult r,
 
 /* The first send(None): the call begun, the variable set, the handler
  * called and driven to its first suspension (or its end). */
-static PySendResult aio_start(GrpcAioCoroObject *self, PyObject **result) {
+static PySendResult aio_start(ext_coro *co, PyObject **result) {
+    GrpcAioCoroObject *self = (GrpcAioCoroObject *)co;
     GrpcUnaryObject *w = self->w;
+    if (!w->cls) { /* its wrapper was cleared by the GC */
+        PyErr_SetString(PyExc_RuntimeError, "this GrpcAioUnary was cleared");
+        return PYGEN_ERROR;
+    }
     PyObject *request = self->request, *ctx = self->ctx;
     self->request = self->ctx = NULL;
-    self->state = A_CLOSED; /* until the variable is set */
+    self->co.state = EXT_CORO_CLOSED; /* until the variable is set */
     PySendResult r = PYGEN_ERROR;
     PyObject *task = PyObject_CallNoArgs(w->current_task);
     if (!task) goto out;
@@ -164,7 +167,7 @@ static PySendResult aio_start(GrpcAioCoroObject *self, PyObject **result) {
     }
     self->call = c;
     self->token = token;
-    self->state = A_HANDLER;
+    self->co.state = EXT_CORO_SUSPENDED;
     PyObject *bargs[2] = {request, c->deadline == Py_None ? ctx : (PyObject *)c};
     PyObject *coro = PyObject_Vectorcall(w->behavior, bargs, 2, NULL);
     if (!coro) {
@@ -185,201 +188,37 @@ out:
     return r;
 }
 
-/* One step: send(arg) when exc is NULL, else throw(exc). */
-static PySendResult aio_step(GrpcAioCoroObject *self, PyObject *arg, PyObject *exc,
-                             PyObject **result) {
-    *result = NULL;
-    if (self->running) {
-        PyErr_SetString(PyExc_ValueError, "coroutine already executing");
-        return PYGEN_ERROR;
-    }
-    if (self->state == A_CLOSED) {
-        if (exc) PyErr_SetRaisedException(Py_NewRef(exc));
-        else PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
-        return PYGEN_ERROR;
-    }
-    if (self->state == A_CREATED) {
-        if (exc) { /* thrown in before it started: nothing ran, it never will */
-            self->state = A_CLOSED;
-            Py_CLEAR(self->request);
-            Py_CLEAR(self->ctx);
-            PyErr_SetRaisedException(Py_NewRef(exc));
-            return PYGEN_ERROR;
-        }
-        if (arg != Py_None) {
-            PyErr_SetString(PyExc_TypeError,
-                            "can't send non-None value to a just-started coroutine");
-            return PYGEN_ERROR;
-        }
-        if (!self->w->cls) { /* its wrapper was cleared by the GC */
-            PyErr_SetString(PyExc_RuntimeError, "this GrpcAioUnary was cleared");
-            return PYGEN_ERROR;
-        }
-    }
-    self->running = 1;
-    PySendResult r;
-    if (self->state == A_CREATED) {
-        r = aio_start(self, result);
-    } else {
-        r = exc ? ext_throw_into(self->w->st, self->inner, exc, result)
-                : PyIter_Send(self->inner, arg, result);
-        if (r != PYGEN_NEXT) {
-            if (self->state == A_HANDLER) {
-                r = aio_handler_ended(self, r, result);
-            } else {
-                Py_CLEAR(self->inner);
-                self->state = A_CLOSED;
-            }
-        }
-    }
-    self->running = 0;
-    if (r == PYGEN_ERROR) *result = NULL;
+/* A later step: send(arg) when exc is NULL, else throw(exc), into the
+ * handler or the tail. */
+static PySendResult aio_resume(ext_coro *co, PyObject *arg, PyObject *exc, PyObject **result) {
+    GrpcAioCoroObject *self = (GrpcAioCoroObject *)co;
+    PySendResult r = exc ? ext_throw_into(co->st, self->inner, exc, result)
+                         : PyIter_Send(self->inner, arg, result);
+    if (r == PYGEN_NEXT) return r;
+    if (!self->in_tail) return aio_handler_ended(self, r, result);
+    Py_CLEAR(self->inner);
+    co->state = EXT_CORO_CLOSED;
     return r;
 }
 
-static PySendResult GrpcAioCoro_am_send(GrpcAioCoroObject *self, PyObject *arg,
-                                        PyObject **result) {
-    return aio_step(self, arg, NULL, result);
+static void aio_discard(ext_coro *co) {
+    GrpcAioCoroObject *self = (GrpcAioCoroObject *)co;
+    Py_CLEAR(self->request);
+    Py_CLEAR(self->ctx);
 }
 
-static PyObject *GrpcAioCoro_iternext(GrpcAioCoroObject *self) {
-    PyObject *result;
-    PySendResult r = aio_step(self, Py_None, NULL, &result);
-    if (r == PYGEN_RETURN && result == Py_None) { /* StopIteration(None), unraised */
-        Py_DECREF(result);
-        return NULL;
-    }
-    return ext_step_as_call(self->w->st, r, result);
-}
+static PyObject *aio_awaiting(ext_coro *co) { return ((GrpcAioCoroObject *)co)->inner; }
 
-static PyObject *GrpcAioCoro_send(GrpcAioCoroObject *self, PyObject *arg) {
-    PyObject *result;
-    PySendResult r = aio_step(self, arg, NULL, &result);
-    return ext_step_as_call(self->w->st, r, result);
-}
-
-/* throw(exc) or the older throw(type[, value[, traceback]]) */
-static PyObject *GrpcAioCoro_throw(GrpcAioCoroObject *self, PyObject *const *args,
-                                   Py_ssize_t nargs) {
-    PyObject *exc = ext_throw_args_exception(args, nargs);
-    if (!exc) return NULL;
-    PyObject *result;
-    PySendResult r = aio_step(self, NULL, exc, &result);
-    Py_DECREF(exc);
-    return ext_step_as_call(self->w->st, r, result);
-}
-
-/* close(): GeneratorExit at the suspension point, after closing what is
- * awaited (a coroutine's close() does the same); the handler's end goes
- * through the call's end as any exception does. */
-static PyObject *GrpcAioCoro_close(GrpcAioCoroObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->state == A_CREATED) {
-        self->state = A_CLOSED;
-        Py_CLEAR(self->request);
-        Py_CLEAR(self->ctx);
-        Py_RETURN_NONE;
-    }
-    if (self->state == A_CLOSED) Py_RETURN_NONE;
-    PyObject *exc = PyObject_CallNoArgs(PyExc_GeneratorExit);
-    if (!exc) return NULL;
-    PyObject *result;
-    PySendResult r = aio_step(self, NULL, exc, &result);
-    Py_DECREF(exc);
-    if (r == PYGEN_NEXT) {
-        Py_DECREF(result);
-        PyErr_SetString(PyExc_RuntimeError, "coroutine ignored GeneratorExit");
-        return NULL;
-    }
-    if (r == PYGEN_RETURN) {
-#if PY_VERSION_HEX >= 0x030D0000
-        return result; /* 3.13: close() returns what the coroutine returned */
-#else
-        Py_DECREF(result);
-        Py_RETURN_NONE;
-#endif
-    }
-    if (PyErr_ExceptionMatches(PyExc_GeneratorExit) ||
-        PyErr_ExceptionMatches(PyExc_StopIteration)) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    return NULL;
-}
-
-/* Like a coroutine's: close() if suspended; "never awaited" if never started. */
-static void GrpcAioCoro_finalize(GrpcAioCoroObject *self) {
-    if (self->state == A_CLOSED) return;
-    PyObject *exc = PyErr_GetRaisedException();
-    if (self->state == A_CREATED) {
-        if (PyErr_WarnEx(PyExc_RuntimeWarning,
-                         "coroutine 'bucketimer.grpc aio call' was never awaited", 1) < 0)
-            PyErr_WriteUnraisable((PyObject *)self);
-        self->state = A_CLOSED;
-    } else {
-        PyObject *r = GrpcAioCoro_close(self, NULL);
-        if (r) Py_DECREF(r);
-        else PyErr_WriteUnraisable((PyObject *)self);
-    }
-    PyErr_SetRaisedException(exc);
-}
-
-static PyObject *GrpcAioCoro_await(GrpcAioCoroObject *self) { return Py_NewRef(self); }
-
-static PyObject *GrpcAioCoro_get_await(GrpcAioCoroObject *self, void *Py_UNUSED(c)) {
-    return Py_NewRef(self->inner && !self->running ? self->inner : Py_None);
-}
-
-static PyObject *GrpcAioCoro_get_running(GrpcAioCoroObject *self, void *Py_UNUSED(c)) {
-    return PyBool_FromLong(self->running);
-}
-
-static PyObject *GrpcAioCoro_get_suspended(GrpcAioCoroObject *self, void *Py_UNUSED(c)) {
-    return PyBool_FromLong((self->state == A_HANDLER || self->state == A_TAIL) &&
-                           !self->running);
-}
-
-static PyObject *GrpcAioCoro_get_none(GrpcAioCoroObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
-    Py_RETURN_NONE;
-}
-
-static PyObject *GrpcAioCoro_get_name(GrpcAioCoroObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
-    return PyUnicode_FromString("both_coro");
-}
-
-static PyMethodDef GrpcAioCoro_methods[] = {
-    {"send", (PyCFunction)GrpcAioCoro_send, METH_O,
-     "send(arg) -> send 'arg' into coroutine,\nreturn next iterated value or raise StopIteration."},
-    {"throw", (PyCFunction)(void (*)(void))GrpcAioCoro_throw, METH_FASTCALL,
-     "throw(value)\nthrow(type[,value[,traceback]])\n\nRaise exception in coroutine, return next "
-     "iterated value or raise StopIteration."},
-    {"close", (PyCFunction)GrpcAioCoro_close, METH_NOARGS,
-     "close() -> raise GeneratorExit inside coroutine."},
-    {NULL}};
-
-static PyGetSetDef GrpcAioCoro_getset[] = {
-    {"cr_await", (getter)GrpcAioCoro_get_await, NULL, "object being awaited on, or None", NULL},
-    {"cr_running", (getter)GrpcAioCoro_get_running, NULL, NULL, NULL},
-    {"cr_suspended", (getter)GrpcAioCoro_get_suspended, NULL, NULL, NULL},
-    {"cr_frame", (getter)GrpcAioCoro_get_none, NULL, "None: this coroutine has no Python frame",
-     NULL},
-    {"cr_code", (getter)GrpcAioCoro_get_none, NULL, "None: this coroutine has no code object",
-     NULL},
-    {"__name__", (getter)GrpcAioCoro_get_name, NULL, NULL, NULL},
-    {"__qualname__", (getter)GrpcAioCoro_get_name, NULL, NULL, NULL},
-    {NULL}};
+/* "both_coro": the Python wrapper's name, for what it stands in for */
+static const ext_coro_kind aio_kind = {"both_coro", aio_start, aio_resume, aio_discard,
+                                       aio_awaiting};
 
 static PyType_Slot GrpcAioCoro_slots[] = {
     {Py_tp_doc, "The coroutine a GrpcAioUnary returns: one call of its handler."},
     {Py_tp_dealloc, GrpcAioCoro_dealloc},
     {Py_tp_traverse, GrpcAioCoro_traverse},
     {Py_tp_clear, GrpcAioCoro_clear},
-    {Py_tp_finalize, GrpcAioCoro_finalize},
-    {Py_tp_iter, PyObject_SelfIter},
-    {Py_tp_iternext, GrpcAioCoro_iternext},
-    {Py_am_await, GrpcAioCoro_await},
-    {Py_am_send, GrpcAioCoro_am_send},
-    {Py_tp_methods, GrpcAioCoro_methods},
-    {Py_tp_getset, GrpcAioCoro_getset},
+    EXT_CORO_SLOTS,
     {0, NULL}};
 
 PyType_Spec GrpcAioCoro_spec = {
@@ -401,9 +240,12 @@ static PyObject *GrpcAioUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *ar
     }
     GrpcAioCoroObject *self = PyObject_GC_New(GrpcAioCoroObject, w->st->GrpcAioCoro_Type);
     if (!self) return NULL;
+    self->co.kind = &aio_kind;
+    self->co.st = w->st;
+    self->co.state = EXT_CORO_CREATED;
+    self->co.running = 0;
     self->w = (GrpcUnaryObject *)Py_NewRef(w);
-    self->state = A_CREATED;
-    self->running = 0;
+    self->in_tail = 0;
     self->request = Py_NewRef(args[0]);
     self->ctx = Py_NewRef(args[1]);
     self->call = NULL;

@@ -272,6 +272,44 @@ PyObject *ext_timeout_at(PyObject *m, PyObject *when);
 /* wait_for_type.c (3.12 and later) */
 PyObject *ext_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *ext_set_wait_for_nonpositive(PyObject *m, PyObject *fn);
+/* The C coroutine shell (3.12 and later): a C coroutine object starts with
+ * an ext_coro, whose kind says how it starts and resumes; the shell keeps the
+ * generator protocol's rules (no re-entry, no reuse after the end, throw()
+ * and close() before the start) and gives its type the slots and methods
+ * below (tp_iternext, am_await, am_send, tp_finalize, tp_methods, tp_getset). */
+enum { EXT_CORO_CREATED, EXT_CORO_SUSPENDED, EXT_CORO_CLOSED };
+typedef struct ext_coro_kind ext_coro_kind;
+typedef struct {
+    PyObject_HEAD
+    const ext_coro_kind *kind;
+    ext_state *st;
+    int state;   /* EXT_CORO_*: the kind's start and resume set it */
+    int running; /* inside send/throw/close */
+} ext_coro;
+struct ext_coro_kind {
+    const char *name; /* __name__, and the "never awaited" warning's */
+    /* the first send(None): the body up to its first suspension */
+    PySendResult (*start)(ext_coro *self, PyObject **result);
+    /* a later send(arg) (exc NULL) or throw(exc) */
+    PySendResult (*resume)(ext_coro *self, PyObject *arg, PyObject *exc, PyObject **result);
+    /* closed or thrown into before it started: drop what start would have used */
+    void (*discard)(ext_coro *self);
+    /* what it awaits while suspended (borrowed; NULL: nothing) */
+    PyObject *(*awaiting)(ext_coro *self);
+};
+PySendResult ext_coro_step(ext_coro *self, PyObject *arg, PyObject *exc, PyObject **result);
+PySendResult ext_coro_am_send(PyObject *self, PyObject *arg, PyObject **result);
+PyObject *ext_coro_iternext(PyObject *self);
+PyObject *ext_coro_self_await(PyObject *self);
+void ext_coro_finalize(PyObject *self);
+extern PyMethodDef ext_coro_methods[];
+extern PyGetSetDef ext_coro_getset[];
+/* The slots a C coroutine type takes from the shell. */
+#define EXT_CORO_SLOTS                                                                    \
+    {Py_tp_finalize, ext_coro_finalize}, {Py_tp_iter, PyObject_SelfIter},                 \
+        {Py_tp_iternext, ext_coro_iternext}, {Py_am_await, ext_coro_self_await},          \
+        {Py_am_send, ext_coro_am_send}, {Py_tp_methods, ext_coro_methods},                \
+        {Py_tp_getset, ext_coro_getset}
 /* The coroutine protocol's pieces that grpc_aio_type.c shares: what `await o`
  * iterates (GET_AWAITABLE); raising `exc` (stolen) with __context__ `context`
  * (stolen) as inside an `except` block; the value of the StopIteration that

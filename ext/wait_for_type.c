@@ -5,6 +5,11 @@
  * timeout_type.c's enter and exit.  See the section comment below.  A WaitFor is
  * touched only with the GIL held, by whoever drives it (its `running` flag
  * refuses a re-entrant send/throw/close); it holds no core lock.
+ *
+ * It also owns the C coroutine shell (module.h, ext_coro) that WaitFor and
+ * grpc_aio_type.c's GrpcAioCoro share: the generator protocol's rules, the
+ * send/throw/close methods, __await__, the finaliser and the cr_* attributes,
+ * around each kind's own start and resume.
  */
 #include "module.h"
 
@@ -34,13 +39,8 @@
 
 #if PY_VERSION_HEX >= 0x030C0000
 
-enum { W_CREATED, W_SUSPENDED, W_CLOSED };
-
 typedef struct {
-    PyObject_HEAD
-    ext_state *st;
-    int state;
-    int running;       /* inside send/throw/close */
+    ext_coro co;       /* state and running flag: the shell's */
     PyObject *fut;     /* what to await, until started */
     PyObject *delay;   /* the timeout argument, until started */
     PyObject *inner;   /* the iterator being awaited, while suspended */
@@ -143,7 +143,7 @@ static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject
     TimeoutObject *tm = (TimeoutObject *)self->timeout;
     self->timeout = NULL;
     Py_CLEAR(self->inner);
-    self->state = W_CLOSED;
+    self->co.state = EXT_CORO_CLOSED;
     if (!tm) return r;
     if (r == PYGEN_RETURN) {
         if (ext_timeout_exit(tm, Py_None, Py_None) < 0) {
@@ -233,7 +233,7 @@ static int is_nonpositive(PyObject *delay) {
  * coroutine if it does not suspend. */
 static PySendResult waitfor_first_send(WaitForObject *self, PyObject *inner,
                                        PyObject **result) {
-    self->state = W_SUSPENDED;
+    self->co.state = EXT_CORO_SUSPENDED;
     self->inner = inner;
     PySendResult r = PyIter_Send(inner, Py_None, result);
     return r == PYGEN_NEXT ? r : waitfor_finish(self, r, result);
@@ -243,7 +243,7 @@ static PySendResult waitfor_first_send(WaitForObject *self, PyObject *inner,
  * run (it involves a Task: not a fast path in asyncio either). */
 static PySendResult waitfor_start_nonpositive(WaitForObject *self, PyObject *fut,
                                               PyObject **result) {
-    ext_state *st = self->st;
+    ext_state *st = self->co.st;
     if (!st->wait_for_nonpositive) {
         PyErr_SetString(PyExc_RuntimeError, "bucketimer.aio is not initialised");
         return PYGEN_ERROR;
@@ -273,16 +273,16 @@ static PyObject *waitfor_enter(ext_state *st, PyObject *delay) {
 static PySendResult waitfor_start(WaitForObject *self, PyObject **result) {
     PyObject *fut = self->fut, *delay = self->delay;
     self->fut = self->delay = NULL;
-    self->state = W_CLOSED; /* until the Timeout is entered */
+    self->co.state = EXT_CORO_CLOSED; /* until the Timeout is entered */
     PySendResult r = PYGEN_ERROR;
     int nonpositive = delay == Py_None ? 0 : is_nonpositive(delay);
     if (nonpositive > 0) {
         r = waitfor_start_nonpositive(self, fut, result);
     } else if (nonpositive == 0) {
-        self->timeout = waitfor_enter(self->st, delay);
+        self->timeout = waitfor_enter(self->co.st, delay);
         if (self->timeout) {
-            self->state = W_SUSPENDED;
-            PyObject *inner = ext_awaitable_iter(self->st, fut);
+            self->co.state = EXT_CORO_SUSPENDED;
+            PyObject *inner = ext_awaitable_iter(self->co.st, fut);
             r = inner ? waitfor_first_send(self, inner, result)
                       : waitfor_finish(self, PYGEN_ERROR, result);
         }
@@ -292,24 +292,47 @@ static PySendResult waitfor_start(WaitForObject *self, PyObject **result) {
     return r;
 }
 
-/* One step of the coroutine: send(arg) when exc is NULL, else throw(exc). */
-static PySendResult waitfor_step(WaitForObject *self, PyObject *arg, PyObject *exc,
-                                 PyObject **result) {
+/* A later step: send(arg) when exc is NULL, else throw(exc). */
+static PySendResult waitfor_resume(ext_coro *co, PyObject *arg, PyObject *exc,
+                                   PyObject **result) {
+    WaitForObject *self = (WaitForObject *)co;
+    PySendResult r = exc ? ext_throw_into(self->co.st, self->inner, exc, result)
+                         : PyIter_Send(self->inner, arg, result);
+    return r == PYGEN_NEXT ? r : waitfor_finish(self, r, result);
+}
+
+static PySendResult waitfor_start_co(ext_coro *co, PyObject **result) {
+    return waitfor_start((WaitForObject *)co, result);
+}
+
+static void waitfor_discard(ext_coro *co) {
+    WaitForObject *self = (WaitForObject *)co;
+    Py_CLEAR(self->fut);
+    Py_CLEAR(self->delay);
+}
+
+static PyObject *waitfor_awaiting(ext_coro *co) { return ((WaitForObject *)co)->inner; }
+
+static const ext_coro_kind waitfor_kind = {
+    "wait_for", waitfor_start_co, waitfor_resume, waitfor_discard, waitfor_awaiting};
+
+/* ---- the C coroutine shell: what every C coroutine of the module shares --- */
+
+PySendResult ext_coro_step(ext_coro *self, PyObject *arg, PyObject *exc, PyObject **result) {
     *result = NULL;
     if (self->running) {
         PyErr_SetString(PyExc_ValueError, "coroutine already executing");
         return PYGEN_ERROR;
     }
-    if (self->state == W_CLOSED) {
+    if (self->state == EXT_CORO_CLOSED) {
         if (exc) PyErr_SetRaisedException(Py_NewRef(exc));
         else PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
         return PYGEN_ERROR;
     }
-    if (self->state == W_CREATED) {
+    if (self->state == EXT_CORO_CREATED) {
         if (exc) { /* thrown in before it started: nothing ran, it never will */
-            self->state = W_CLOSED;
-            Py_CLEAR(self->fut);
-            Py_CLEAR(self->delay);
+            self->state = EXT_CORO_CLOSED;
+            self->kind->discard(self);
             PyErr_SetRaisedException(Py_NewRef(exc));
             return PYGEN_ERROR;
         }
@@ -320,21 +343,15 @@ static PySendResult waitfor_step(WaitForObject *self, PyObject *arg, PyObject *e
         }
     }
     self->running = 1;
-    PySendResult r;
-    if (self->state == W_CREATED) {
-        r = waitfor_start(self, result);
-    } else {
-        r = exc ? ext_throw_into(self->st, self->inner, exc, result) : PyIter_Send(self->inner, arg, result);
-        if (r != PYGEN_NEXT) r = waitfor_finish(self, r, result);
-    }
+    PySendResult r = self->state == EXT_CORO_CREATED ? self->kind->start(self, result)
+                                                     : self->kind->resume(self, arg, exc, result);
     self->running = 0;
+    if (r == PYGEN_ERROR) *result = NULL;
     return r;
 }
 
-static PySendResult WaitFor_am_send(WaitForObject *self, PyObject *arg, PyObject **result) {
-    PySendResult r = waitfor_step(self, arg, NULL, result);
-    if (r == PYGEN_ERROR) *result = NULL;
-    return r;
+PySendResult ext_coro_am_send(PyObject *self, PyObject *arg, PyObject **result) {
+    return ext_coro_step((ext_coro *)self, arg, NULL, result);
 }
 
 /* The outcome of a step as a call's: a yielded value, or StopIteration. */
@@ -347,52 +364,62 @@ PyObject *ext_step_as_call(ext_state *st, PySendResult r, PyObject *result) {
     return NULL;
 }
 
-static PyObject *WaitFor_iternext(WaitForObject *self) {
+PyObject *ext_coro_iternext(PyObject *self) {
     PyObject *result;
-    PySendResult r = waitfor_step(self, Py_None, NULL, &result);
+    PySendResult r = ext_coro_step((ext_coro *)self, Py_None, NULL, &result);
     if (r == PYGEN_RETURN && result == Py_None) { /* StopIteration(None), unraised */
         Py_DECREF(result);
         return NULL;
     }
-    return ext_step_as_call(self->st, r, result);
+    return ext_step_as_call(((ext_coro *)self)->st, r, result);
 }
 
-static PyObject *WaitFor_send(WaitForObject *self, PyObject *arg) {
+static PyObject *coro_send(PyObject *self, PyObject *arg) {
     PyObject *result;
-    PySendResult r = waitfor_step(self, arg, NULL, &result);
-    return ext_step_as_call(self->st, r, result);
+    PySendResult r = ext_coro_step((ext_coro *)self, arg, NULL, &result);
+    return ext_step_as_call(((ext_coro *)self)->st, r, result);
 }
 
 /* throw(exc) or the older throw(type[, value[, traceback]]) */
-static PyObject *WaitFor_throw(WaitForObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *coro_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *exc = ext_throw_args_exception(args, nargs);
     if (!exc) return NULL;
     PyObject *result;
-    PySendResult r = waitfor_step(self, NULL, exc, &result);
+    PySendResult r = ext_coro_step((ext_coro *)self, NULL, exc, &result);
     Py_DECREF(exc);
-    return ext_step_as_call(self->st, r, result);
+    return ext_step_as_call(((ext_coro *)self)->st, r, result);
 }
 
-/* close(): GeneratorExit at the suspension point (after closing the awaited
- * iterator), which exits the Timeout and so cancels its timer. */
-static PyObject *WaitFor_close(WaitForObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->state == W_CREATED) {
-        self->state = W_CLOSED;
-        Py_CLEAR(self->fut);
-        Py_CLEAR(self->delay);
+/* close(): GeneratorExit at the suspension point (ext_throw_into closes
+ * what is awaited first, as a coroutine's close() does). */
+static PyObject *coro_close(PyObject *op, PyObject *Py_UNUSED(ignored)) {
+    ext_coro *self = (ext_coro *)op;
+    if (self->state == EXT_CORO_CREATED) {
+        self->state = EXT_CORO_CLOSED;
+        self->kind->discard(self);
         Py_RETURN_NONE;
     }
-    if (self->state == W_CLOSED) Py_RETURN_NONE;
-    if (self->running) {
-        PyErr_SetString(PyExc_ValueError, "coroutine already executing");
+    if (self->state == EXT_CORO_CLOSED) Py_RETURN_NONE;
+    PyObject *exc = PyObject_CallNoArgs(PyExc_GeneratorExit);
+    if (!exc) return NULL;
+    PyObject *result;
+    PySendResult r = ext_coro_step(self, NULL, exc, &result);
+    Py_DECREF(exc);
+    if (r == PYGEN_NEXT) {
+        Py_DECREF(result);
+        PyErr_SetString(PyExc_RuntimeError, "coroutine ignored GeneratorExit");
         return NULL;
     }
-    self->running = 1;
-    if (ext_close_iter(self->st, self->inner) == 0) PyErr_SetNone(PyExc_GeneratorExit);
-    PyObject *result = NULL;
-    (void)waitfor_finish(self, PYGEN_ERROR, &result);
-    self->running = 0;
-    if (PyErr_ExceptionMatches(PyExc_GeneratorExit) || PyErr_ExceptionMatches(PyExc_StopIteration)) {
+    if (r == PYGEN_RETURN) {
+#if PY_VERSION_HEX >= 0x030D0000
+        return result; /* 3.13: close() returns what the coroutine returned */
+#else
+        Py_DECREF(result);
+        Py_RETURN_NONE;
+#endif
+    }
+    if (PyErr_ExceptionMatches(PyExc_GeneratorExit) ||
+        PyErr_ExceptionMatches(PyExc_StopIteration)) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
@@ -400,79 +427,81 @@ static PyObject *WaitFor_close(WaitForObject *self, PyObject *Py_UNUSED(ignored)
 }
 
 /* Like a coroutine's: close() if suspended; "never awaited" if never started. */
-static void WaitFor_finalize(WaitForObject *self) {
-    if (self->state == W_CLOSED) return;
+void ext_coro_finalize(PyObject *op) {
+    ext_coro *self = (ext_coro *)op;
+    if (self->state == EXT_CORO_CLOSED) return;
     PyObject *exc = PyErr_GetRaisedException();
-    if (self->state == W_CREATED) {
-        if (PyErr_WarnEx(PyExc_RuntimeWarning, "coroutine 'wait_for' was never awaited", 1) < 0)
-            PyErr_WriteUnraisable((PyObject *)self);
-        self->state = W_CLOSED;
+    if (self->state == EXT_CORO_CREATED) {
+        if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "coroutine '%s' was never awaited",
+                             self->kind->name) < 0)
+            PyErr_WriteUnraisable(op);
+        self->state = EXT_CORO_CLOSED;
+        self->kind->discard(self);
     } else {
-        PyObject *r = WaitFor_close(self, NULL);
+        PyObject *r = coro_close(op, NULL);
         if (r) Py_DECREF(r);
-        else PyErr_WriteUnraisable((PyObject *)self);
+        else PyErr_WriteUnraisable(op);
     }
     PyErr_SetRaisedException(exc);
 }
 
-static PyObject *WaitFor_await(WaitForObject *self) { return Py_NewRef(self); }
+PyObject *ext_coro_self_await(PyObject *self) { return Py_NewRef(self); }
 
-static PyObject *WaitFor_get_await(WaitForObject *self, void *Py_UNUSED(c)) {
-    return Py_NewRef(self->state == W_SUSPENDED && self->inner ? self->inner : Py_None);
+static PyObject *coro_get_await(PyObject *op, void *Py_UNUSED(c)) {
+    ext_coro *self = (ext_coro *)op;
+    PyObject *inner = self->state == EXT_CORO_SUSPENDED ? self->kind->awaiting(self) : NULL;
+    return Py_NewRef(inner ? inner : Py_None);
 }
 
-static PyObject *WaitFor_get_running(WaitForObject *self, void *Py_UNUSED(c)) {
-    return PyBool_FromLong(self->running);
+static PyObject *coro_get_running(PyObject *op, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(((ext_coro *)op)->running);
 }
 
-static PyObject *WaitFor_get_suspended(WaitForObject *self, void *Py_UNUSED(c)) {
-    return PyBool_FromLong(self->state == W_SUSPENDED && !self->running);
+static PyObject *coro_get_suspended(PyObject *op, void *Py_UNUSED(c)) {
+    ext_coro *self = (ext_coro *)op;
+    return PyBool_FromLong(self->state == EXT_CORO_SUSPENDED && !self->running);
 }
 
-static PyObject *WaitFor_get_none(WaitForObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
+static PyObject *coro_get_none(PyObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
     Py_RETURN_NONE;
 }
 
-static PyObject *WaitFor_get_name(WaitForObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
-    return PyUnicode_FromString("wait_for");
+static PyObject *coro_get_name(PyObject *op, void *Py_UNUSED(c)) {
+    return PyUnicode_FromString(((ext_coro *)op)->kind->name);
 }
+
+PyMethodDef ext_coro_methods[] = {
+    {"send", (PyCFunction)coro_send, METH_O,
+     "send(arg) -> send 'arg' into coroutine,\nreturn next iterated value or raise StopIteration."},
+    {"throw", (PyCFunction)(void (*)(void))coro_throw, METH_FASTCALL,
+     "throw(value)\nthrow(type[,value[,traceback]])\n\nRaise exception in coroutine, return next "
+     "iterated value or raise StopIteration."},
+    {"close", (PyCFunction)coro_close, METH_NOARGS, "close() -> raise GeneratorExit inside coroutine."},
+    {NULL}};
+
+PyGetSetDef ext_coro_getset[] = {
+    {"cr_await", coro_get_await, NULL, "object being awaited on, or None", NULL},
+    {"cr_running", coro_get_running, NULL, NULL, NULL},
+    {"cr_suspended", coro_get_suspended, NULL, NULL, NULL},
+    {"cr_frame", coro_get_none, NULL, "None: this coroutine has no Python frame", NULL},
+    {"cr_code", coro_get_none, NULL, "None: this coroutine has no code object", NULL},
+    {"__name__", coro_get_name, NULL, NULL, NULL},
+    {"__qualname__", coro_get_name, NULL, NULL, NULL},
+    {NULL}};
+
+/* ---- WaitFor, the type -------------------------------------------------- */
 
 static PyObject *WaitFor_repr(WaitForObject *self) {
     return PyUnicode_FromFormat("<bucketimer wait_for coroutine object at %p>", self);
 }
-
-static PyMethodDef WaitFor_methods[] = {
-    {"send", (PyCFunction)WaitFor_send, METH_O,
-     "send(arg) -> send 'arg' into coroutine,\nreturn next iterated value or raise StopIteration."},
-    {"throw", (PyCFunction)(void (*)(void))WaitFor_throw, METH_FASTCALL,
-     "throw(value)\nthrow(type[,value[,traceback]])\n\nRaise exception in coroutine, return next "
-     "iterated value or raise StopIteration."},
-    {"close", (PyCFunction)WaitFor_close, METH_NOARGS, "close() -> raise GeneratorExit inside coroutine."},
-    {NULL}};
-
-static PyGetSetDef WaitFor_getset[] = {
-    {"cr_await", (getter)WaitFor_get_await, NULL, "object being awaited on, or None", NULL},
-    {"cr_running", (getter)WaitFor_get_running, NULL, NULL, NULL},
-    {"cr_suspended", (getter)WaitFor_get_suspended, NULL, NULL, NULL},
-    {"cr_frame", (getter)WaitFor_get_none, NULL, "None: this coroutine has no Python frame", NULL},
-    {"cr_code", (getter)WaitFor_get_none, NULL, "None: this coroutine has no code object", NULL},
-    {"__name__", (getter)WaitFor_get_name, NULL, NULL, NULL},
-    {"__qualname__", (getter)WaitFor_get_name, NULL, NULL, NULL},
-    {NULL}};
 
 static PyType_Slot WaitFor_slots[] = {
     {Py_tp_doc, "The coroutine bucketimer.wait_for() returns (3.12 and later)."},
     {Py_tp_dealloc, WaitFor_dealloc},
     {Py_tp_traverse, WaitFor_traverse},
     {Py_tp_clear, WaitFor_clear},
-    {Py_tp_finalize, WaitFor_finalize},
     {Py_tp_repr, WaitFor_repr},
-    {Py_tp_iter, PyObject_SelfIter},
-    {Py_tp_iternext, WaitFor_iternext},
-    {Py_am_await, WaitFor_await},
-    {Py_am_send, WaitFor_am_send},
-    {Py_tp_methods, WaitFor_methods},
-    {Py_tp_getset, WaitFor_getset},
+    EXT_CORO_SLOTS,
     {0, NULL}};
 
 PyType_Spec WaitFor_spec = {
@@ -518,9 +547,10 @@ PyObject *ext_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
     ext_state *st = ext_state_of_module(m);
     WaitForObject *self = PyObject_GC_New(WaitForObject, st->WaitFor_Type);
     if (!self) return NULL;
-    self->st = st;
-    self->state = W_CREATED;
-    self->running = 0;
+    self->co.kind = &waitfor_kind;
+    self->co.st = st;
+    self->co.state = EXT_CORO_CREATED;
+    self->co.running = 0;
     self->fut = Py_NewRef(vals[0]);
     self->delay = Py_NewRef(vals[1]);
     self->inner = self->timeout = NULL;
