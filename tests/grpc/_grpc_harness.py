@@ -99,15 +99,18 @@ ENDED = 2.0
 STUCK = 3.0
 
 
-def stubborn(log: list[Any], stop: threading.Event, limit: float = STUCK) -> Any:
+def stubborn(log: list[Any], stop: threading.Event, limit: float = STUCK,
+             until: Callable[[], object] = lambda: True) -> Any:
     """A handler that keeps working past its budget: on the sync server it
-    watches ``is_active()``, on the aio server it is cancelled."""
+    watches ``is_active()`` (and, once the call is inactive, goes on until
+    ``until()``), on the aio server it is cancelled."""
 
     async def work(req: bytes, ctx: Any) -> bytes:
         t0 = time.monotonic()
         log.append(("start", is_active(ctx), ctx.time_remaining(), btg.remaining()))
         try:
-            waited = await stuck_in_here(lambda: stop.is_set() or not is_active(ctx), limit)
+            waited = await stuck_in_here(
+                lambda: stop.is_set() or (not is_active(ctx) and bool(until())), limit)
         except asyncio.CancelledError:
             log.append(("cancelled", time.monotonic() - t0))
             raise

@@ -71,17 +71,19 @@ def test_max_time_gives_client_deadline_exceeded_promptly(backend: Backend, shap
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-# The server's timer must fire within the few ms between the client's deadline
-# and grpc marking the call inactive, while the handler's thread spins with
-# the GIL: the native core fires without the GIL, the pure backend's thread
-# needs it (docs/guarantees.rst, "On the pure-Python backend").
+# The server's timer fires a few ms either side of grpc marking the call
+# inactive at the client's deadline; the sync handler goes on until the
+# timer has fired, so that grpc winning that race does not end the call
+# first (an ASan build on a loaded machine lost it).  The handler's thread
+# spins with the GIL: the native core fires without it, the pure backend's
+# thread needs it (docs/guarantees.rst, "On the pure-Python backend").
 @pytest.mark.native
 def test_client_deadline_is_the_budget_when_smaller(backend: Backend, shape: str, stop: threading.Event) -> None:
     log: list[Any] = []
     events: list[btg.DeadlineEvent] = []
     ic = backend.mod.ServerDeadlineInterceptor(5.0, on_deadline=events.append)
-    with backend.serve(backend.all_shapes("Stub", stubborn(log, stop)), (ic,)) as addr, \
-            backend.channel(addr) as ch:
+    with backend.serve(backend.all_shapes("Stub", stubborn(log, stop, until=lambda: events)), (ic,)) \
+            as addr, backend.channel(addr) as ch:
         r = backend.invoke(ch, shape, f"Stub_{shape}", timeout=0.15)
         assert wait_for(lambda: len(log) == 2 and events)
     assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED, r
