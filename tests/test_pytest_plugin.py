@@ -34,6 +34,12 @@ def test_asyncio_run_with_a_timeout():
     assert (helper is bucketimer.aio.timeout) == (mode in ("patch", "both"))
 
 
+def test_debug_asked_for_stays_off():
+    async def main():
+        return asyncio.get_running_loop().get_debug()
+    assert asyncio.run(main(), debug=True) is False
+
+
 def test_a_fresh_loop_from_new_event_loop():
     loop = asyncio.new_event_loop()
     try:
@@ -65,7 +71,7 @@ def test_each_mode_runs_the_tests_natively(pytester: pytest.Pytester, mode: str,
     pytester.makepyfile(test_project=PROJECT_TESTS)
     result = pytester.runpytest_subprocess("-p", "bucketimer.pytest_plugin",
                                            f"--bucketimer={mode}")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     assert _armed(result) > 0
     result.stdout.fnmatch_lines([f"mode {mode}, backend native, Python *"])
 
@@ -77,6 +83,15 @@ def test_a_run_that_arms_no_native_timer_fails(pytester: pytest.Pytester) -> Non
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert _armed(result) == 0
     result.stdout.fnmatch_lines(["bucketimer: FAILED: no native timer was armed: *"])
+
+
+@native
+def test_off_is_the_baseline(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EXPECT_MODE", "off")
+    pytester.makepyfile(test_project=PROJECT_TESTS)
+    result = pytester.runpytest_subprocess("-p", "bucketimer.pytest_plugin", "--bucketimer=off")
+    result.assert_outcomes(passed=3)
+    assert result.ret == pytest.ExitCode.OK
 
 
 @native

@@ -5,15 +5,22 @@ Load it by name and choose a mode::
     pytest -p bucketimer.pytest_plugin --bucketimer=loop    # every loop asyncio makes is bucketimer's
     pytest -p bucketimer.pytest_plugin --bucketimer=patch   # patch_asyncio(): the helpers are bucketimer's
     pytest -p bucketimer.pytest_plugin --bucketimer=both    # the two at once
+    pytest -p bucketimer.pytest_plugin --bucketimer=off     # neither: the baseline to compare with
 
 ``loop`` makes every event loop that asyncio creates on its own
 (``asyncio.run``, ``asyncio.Runner``, ``asyncio.new_event_loop`` and the
 fixtures of pytest-asyncio, anyio and aiohttp, which all go through them) a
 :class:`bucketimer.EventLoop`; ``patch`` calls
 :func:`bucketimer.patch_asyncio` before any conftest is imported, so that a
-library's ``from asyncio import wait_for`` binds bucketimer's.  Either way
-``PYTHONASYNCIODEBUG`` is cleared, since a loop in debug mode keeps asyncio's
-own timers (docs/asyncio.rst).
+library's ``from asyncio import wait_for`` binds bucketimer's.
+
+In every mode, ``off`` included, asyncio's debug mode stays off:
+``PYTHONASYNCIODEBUG`` is cleared and ``loop.set_debug(True)`` on any
+asyncio loop (``asyncio.run(debug=True)``, a fixture that asks for it) leaves
+it off, since a loop in debug mode keeps asyncio's own timers
+(docs/asyncio.rst) and the run would test those.  ``off`` changes nothing
+else: the same suite under ``off`` and under a mode, side by side, shows what
+fails only with bucketimer.
 
 At the end the plugin prints how many timers the native core armed during
 the run, and fails the session if there were none: a run that quietly
@@ -42,7 +49,7 @@ from . import _backend, loop
 
 __all__ = ("MODES",)
 
-MODES = ("loop", "patch", "both")
+MODES = ("loop", "patch", "both", "off")
 
 # What this process armed: the default TimerThread's `scheduled` counter at
 # the start, the total reported by xdist workers (controller only), and
@@ -57,7 +64,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=MODES,
         default=None,
         help="loop: every asyncio loop is bucketimer.EventLoop; patch: patch_asyncio() before "
-        "any conftest; both: the two.  The run fails if no native timer was armed.",
+        "any conftest; both: the two (the run fails if no native timer was armed); off: "
+        "neither, the baseline.  asyncio's debug mode stays off in each.",
     )
 
 
@@ -77,12 +85,31 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     if mode is None:
         return
     os.environ.pop("PYTHONASYNCIODEBUG", None)
+    _state["undo"].append(_debug_stays_off())
     if mode in ("patch", "both"):
         bucketimer.patch_asyncio()
         _state["undo"].append(bucketimer.unpatch_asyncio)
     if mode in ("loop", "both"):
         _state["undo"].append(_make_loops_bucketimers())
     _state["start"] = _armed()
+
+
+def _debug_stays_off() -> Any:
+    """``set_debug()`` on every asyncio loop class leaves debug off; returns
+    what undoes it.  (uvloop's ``Loop`` is a compiled type whose methods
+    cannot be replaced: its debug mode is the suite's own.)"""
+    base = asyncio.BaseEventLoop
+    stock = base.set_debug
+
+    def set_debug(self: asyncio.BaseEventLoop, enabled: bool) -> None:
+        stock(self, False)
+
+    base.set_debug = set_debug  # type: ignore[method-assign]
+
+    def undo() -> None:
+        base.set_debug = stock  # type: ignore[method-assign]
+
+    return undo
 
 
 def _default_policy_class() -> type | None:
@@ -158,7 +185,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         config.workeroutput["bucketimer_armed"] = _armed_here()
         return
     armed = _armed_here() + _state["workers"]
-    if armed == 0 and session.exitstatus == pytest.ExitCode.OK:
+    if mode != "off" and armed == 0 and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     while _state["undo"]:
         _state["undo"].pop()()
@@ -182,7 +209,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         f"mode {mode}, backend {bucketimer.backend}, Python {sys.version.split()[0]}: "
         f"{armed} native timers armed"
     )
-    if armed == 0:
+    if mode != "off" and armed == 0:
         why = (
             "the pure-Python backend is loaded: its helpers and loops are asyncio's own"
             if not _backend.NATIVE
