@@ -33,5 +33,8 @@ from __future__ import annotations
 from ._common import DEFAULT_DETAILS as DEFAULT_DETAILS
 from ._common import grpc as grpc  # the real grpcio package
 from ._common import logger as logger
+from ._registration import install as _install
 from .sync import *  # noqa: F403 - this namespace is the sync API
 from .sync import __all__ as __all__
+
+_install()  # grpc's constructors take these interceptors however they are given
