@@ -196,8 +196,8 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
     current ``await``); once the handler has unwound, the interceptor
     uncancels the task and aborts the call with ``DEADLINE_EXCEEDED`` (and
     ``details``), so the client never hangs on a raw ``CancelledError``.
-    ``on_deadline(DeadlineEvent)`` is called in the loop and an INFO record
-    is logged on ``bucketimer.grpc``.  A handler that suppresses the
+    ``on_deadline(DeadlineEvent)`` is called in the loop and a WARNING is
+    logged on ``bucketimer.grpc``.  A handler that suppresses the
     cancellation still ends with ``DEADLINE_EXCEEDED`` when it returns -- the
     client waits until then.
 
