@@ -419,6 +419,8 @@ def test_other_objects_get_grpcs_own_checks() -> None:
             grpc.aio.server(interceptors=[object()])
         with pytest.raises(ValueError):
             grpc.aio.insecure_channel("127.0.0.1:1", interceptors=[object()])
+        with pytest.raises(ValueError):  # a server interceptor is no client one
+            grpc.aio.insecure_channel("127.0.0.1:1", interceptors=[bta.ServerDeadlineInterceptor(1.0)])
 
     run(main())
     with grpc.insecure_channel("127.0.0.1:1") as ch, pytest.raises(TypeError, match="^interceptor must be"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -105,27 +105,35 @@ _SYNC_CLIENT = (grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercep
 _AIO_CLIENT = (grpc.aio.ClientInterceptor,)
 
 
-def _aio_channel(interceptors: Sequence[Any] | None) -> Sequence[Any] | None:
+def _aio_channel(interceptors: Iterable[Any] | None) -> list[Any] | None:
+    if interceptors is None:
+        return None
+    interceptors = list(interceptors)
     _check_api(interceptors, _AIO, _SYNC_CLIENT, "a grpc.aio channel")
-    if not interceptors:
-        return interceptors
     out: list[Any] = []
     for ic in interceptors:
-        out.extend(split(ic) if _ours(ic) is not None else (ic,))
+        # one that implements no client kind goes to grpc as it is (grpc refuses it)
+        out.extend((split(ic) if _ours(ic) is not None else None) or (ic,))
     return out
 
 
-def _aio_server(interceptors: Sequence[Any] | None) -> Sequence[Any] | None:
+def _aio_server(interceptors: Iterable[Any] | None) -> list[Any] | None:
+    if interceptors is None:
+        return None
+    interceptors = list(interceptors)
     _check_api(interceptors, _AIO, (grpc.ServerInterceptor,), "grpc.aio.server()")
     return interceptors
 
 
-def _sync_channel(interceptors: Sequence[Any]) -> Sequence[Any]:
+def _sync_channel(interceptors: tuple[Any, ...]) -> tuple[Any, ...]:
     _check_api(interceptors, _SYNC, _AIO_CLIENT, "grpc.intercept_channel()")
     return interceptors
 
 
-def _sync_server(interceptors: Sequence[Any] | None) -> Sequence[Any] | None:
+def _sync_server(interceptors: Iterable[Any] | None) -> list[Any] | None:
+    if interceptors is None:
+        return None
+    interceptors = list(interceptors)
     _check_api(interceptors, _SYNC, (grpc.aio.ServerInterceptor,), "grpc.server()")
     return interceptors
 
