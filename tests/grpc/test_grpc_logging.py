@@ -52,35 +52,43 @@ def test_bad_level_names_the_argument(backend: Backend, level: Any, error: type[
         backend.mod.SlowCallInterceptor(1, level=level)
 
 
-def test_a_level_name_sets_the_records_level(backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
+def slow_call(backend: Backend, shape: str = "unary_unary", side: str = "server", **options: Any) -> Any:
+    """One call that passes a SlowCallInterceptor(0.05, **options) on
+    ``side``: its handler stays until the threshold was reported; its status."""
     reports: list[Any] = []
 
     async def work(req: bytes, ctx: Any) -> bytes:
         await stuck_in_here(lambda: bool(reports), 2.0)
         return req
 
-    ic = backend.mod.SlowCallInterceptor(0.05, on_slow=reports.append, level="ERROR")
-    with backend.serve(backend.all_shapes("Lvl", work), (ic,)) as addr, backend.channel(addr) as ch:
-        backend.invoke(ch, "unary_unary", "Lvl_unary_unary")
+    ic = backend.mod.SlowCallInterceptor(0.05, on_slow=reports.append, **options)
+    with backend.serve(backend.all_shapes("Slow", work), (ic,) if side == "server" else ()) as addr, \
+            backend.channel(addr, *((ic,) if side == "client" else ())) as ch:
+        r = backend.invoke(ch, shape, f"Slow_{shape}")
         assert wait_for(lambda: len(reports) == 2)
-    assert [rec.levelno for rec in _logged(caplog)] == [logging.ERROR, logging.INFO]
+    return r.code
 
 
-def test_a_level_below_info_logs_the_end_at_that_level(backend: Backend,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def expired_call(backend: Backend, caplog: pytest.LogCaptureFixture, stop: threading.Event,
+                 shape: str = "unary_unary", records: int = 1, **options: Any) -> Any:
+    """One call that runs out of a ServerDeadlineInterceptor(0.05, **options)
+    budget, once ``records`` records are logged; its status."""
+    ic = backend.mod.ServerDeadlineInterceptor(0.05, **options)
+    with backend.serve(backend.all_shapes("Dl", stubborn([], stop)), (ic,)) as addr, backend.channel(addr) as ch:
+        r = backend.invoke(ch, shape, f"Dl_{shape}")
+        assert wait_for(lambda: len(_logged(caplog)) >= records)
+    return r.code
+
+
+@pytest.mark.parametrize("level,levels", [
+    ("ERROR", [logging.ERROR, logging.INFO]),
+    ("DEBUG", [logging.DEBUG, logging.DEBUG]),  # the end: INFO, or level if lower
+])
+def test_a_level_name_sets_the_records_level(backend: Backend, caplog: pytest.LogCaptureFixture,
+                                             level: str, levels: list[int]) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    reports: list[Any] = []
-
-    async def work(req: bytes, ctx: Any) -> bytes:
-        await stuck_in_here(lambda: bool(reports), 2.0)
-        return req
-
-    ic = backend.mod.SlowCallInterceptor(0.05, on_slow=reports.append, level="DEBUG")
-    with backend.serve(backend.all_shapes("Dbg", work), (ic,)) as addr, backend.channel(addr) as ch:
-        backend.invoke(ch, "unary_unary", "Dbg_unary_unary")
-        assert wait_for(lambda: len(reports) == 2)
-    assert [rec.levelno for rec in _logged(caplog)] == [logging.DEBUG, logging.DEBUG]
+    slow_call(backend, level=level)
+    assert [rec.levelno for rec in _logged(caplog)] == levels
 
 
 # -- what a default-configured service sees -------------------------------------------------------
@@ -89,17 +97,7 @@ def test_a_level_below_info_logs_the_end_at_that_level(backend: Backend,
 def test_a_default_configured_service_sees_one_warning_per_slow_call(
         backend: Backend, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)  # logging's default threshold
-    reports: list[Any] = []
-
-    async def work(req: bytes, ctx: Any) -> bytes:
-        await stuck_in_here(lambda: bool(reports), 2.0)
-        return req
-
-    ic = backend.mod.SlowCallInterceptor(0.05, on_slow=reports.append)
-    with backend.serve(backend.all_shapes("One", work), (ic,)) as addr, backend.channel(addr) as ch:
-        r = backend.invoke(ch, "unary_unary", "One_unary_unary")
-        assert wait_for(lambda: len(reports) == 2)
-    assert r.code == grpc.StatusCode.OK
+    assert slow_call(backend) == grpc.StatusCode.OK
     (rec,) = _logged(caplog)
     assert rec.levelno == logging.WARNING and "still running" in rec.getMessage()
 
@@ -107,11 +105,7 @@ def test_a_default_configured_service_sees_one_warning_per_slow_call(
 def test_a_default_configured_service_sees_a_deadline(backend: Backend, caplog: pytest.LogCaptureFixture,
                                                       stop: threading.Event) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
-    with backend.serve(backend.all_shapes("Dl", stubborn([], stop)),
-                       (backend.mod.ServerDeadlineInterceptor(0.05),)) as addr, backend.channel(addr) as ch:
-        r = backend.invoke(ch, "unary_unary", "Dl_unary_unary")
-        assert wait_for(lambda: bool(_logged(caplog)))
-    assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert expired_call(backend, caplog, stop) == grpc.StatusCode.DEADLINE_EXCEEDED
     (rec,) = _logged(caplog)
     assert rec.levelno == logging.WARNING and "ran out of its 0.050 s budget" in rec.getMessage()
 
@@ -122,15 +116,12 @@ def test_a_default_configured_service_sees_a_deadline(backend: Backend, caplog: 
 def test_deadline_record_fields(backend: Backend, caplog: pytest.LogCaptureFixture,
                                 stop: threading.Event) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    with backend.serve(backend.all_shapes("Df", stubborn([], stop)),
-                       (backend.mod.ServerDeadlineInterceptor(0.05),)) as addr, backend.channel(addr) as ch:
-        backend.invoke(ch, "unary_stream", "Df_unary_stream")
-        assert wait_for(lambda: bool(_logged(caplog)))
+    expired_call(backend, caplog, stop, "unary_stream")
     (rec,) = _logged(caplog)
     f = _fields(rec)
     assert f["grpc_elapsed"] >= 0.05
     f["grpc_elapsed"] = None
-    assert f == {"grpc_event": "deadline", "grpc_side": "server", "grpc_method": f"/{SERVICE}/Df_unary_stream",
+    assert f == {"grpc_event": "deadline", "grpc_side": "server", "grpc_method": f"/{SERVICE}/Dl_unary_stream",
                  "grpc_code": grpc.StatusCode.DEADLINE_EXCEEDED, "grpc_elapsed": None, "grpc_budget": 0.05,
                  "grpc_source": "max_time", "grpc_threshold": None, "grpc_finished": None}
 
@@ -138,23 +129,11 @@ def test_deadline_record_fields(backend: Backend, caplog: pytest.LogCaptureFixtu
 @pytest.mark.parametrize("side", ["server", "client"])
 def test_slow_record_fields(backend: Backend, caplog: pytest.LogCaptureFixture, side: str) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    reports: list[Any] = []
-
-    async def work(req: bytes, ctx: Any) -> bytes:
-        await stuck_in_here(lambda: bool(reports), 2.0)
-        return req
-
-    ic = backend.mod.SlowCallInterceptor(0.05, on_slow=reports.append, stack=False)
-    server_ics = (ic,) if side == "server" else ()
-    client_ics = (ic,) if side == "client" else ()
-    with backend.serve(backend.all_shapes("Sf", work), server_ics) as addr, \
-            backend.channel(addr, *client_ics) as ch:
-        backend.invoke(ch, "stream_unary", "Sf_stream_unary")
-        assert wait_for(lambda: len(reports) == 2)
+    slow_call(backend, "stream_unary", side, stack=False)
     start, end = (_fields(rec) for rec in _logged(caplog))
     assert start["grpc_elapsed"] >= 0.05 and end["grpc_elapsed"] >= start["grpc_elapsed"]
     start["grpc_elapsed"] = end["grpc_elapsed"] = None
-    common = {"grpc_side": side, "grpc_method": f"/{SERVICE}/Sf_stream_unary", "grpc_elapsed": None,
+    common = {"grpc_side": side, "grpc_method": f"/{SERVICE}/Slow_stream_unary", "grpc_elapsed": None,
               "grpc_budget": None, "grpc_source": None, "grpc_threshold": 0.05}
     assert start == {**common, "grpc_event": "slow", "grpc_code": None, "grpc_finished": False}
     assert end == {**common, "grpc_event": "slow_end", "grpc_code": grpc.StatusCode.OK, "grpc_finished": True}
@@ -167,10 +146,7 @@ def test_hook_error_record_fields(backend: Backend, caplog: pytest.LogCaptureFix
     def hook(ev: Any) -> None:
         raise RuntimeError("hook failed")
 
-    ic = backend.mod.ServerDeadlineInterceptor(0.05, on_deadline=hook)
-    with backend.serve(backend.all_shapes("Hk", stubborn([], stop)), (ic,)) as addr, backend.channel(addr) as ch:
-        backend.invoke(ch, "unary_unary", "Hk_unary_unary")
-        assert wait_for(lambda: len(_logged(caplog)) == 2)
+    expired_call(backend, caplog, stop, records=2, on_deadline=hook)
     deadline, error = _logged(caplog)
     assert error.levelno == logging.ERROR and error.exc_info is not None
     f = _fields(error)
