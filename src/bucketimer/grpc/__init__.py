@@ -25,7 +25,9 @@ actually run out of time.
 * :func:`remaining` / :func:`current_deadline` -- the budget left to the
   handler running in this context.
 
-Everything is logged on the ``bucketimer.grpc`` logger.
+Everything is logged on the ``bucketimer.grpc`` logger (``_records``).
+Importing this package lets grpc take these interceptors however they are
+registered, and refuse those of the other API clearly (``_registration``).
 """
 
 from __future__ import annotations
