@@ -11,7 +11,7 @@ server_interceptors = [btg.ServerDeadlineInterceptor(max_time=0.5)]
 
 # Client: a call without a timeout gets 2 s; a call made inside a handler gets
 # at most what is left of that handler's budget.
-client_interceptors = btg.client_interceptors(btg.DefaultTimeoutInterceptor(2.0))
+client_interceptors = [btg.DefaultTimeoutInterceptor(2.0)]
 
 # The rest is a demo: a server on 127.0.0.1 and two calls, one of them too slow.
 

@@ -171,6 +171,8 @@ def test_an_expired_call_ends_with_deadline_exceeded(tt: bucketimer.TimerThread)
         assert ctx.cancelled and ctx.aborted == [(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")]
         assert inside.pop() == (0.0, grpc.StatusCode.DEADLINE_EXCEEDED, 0.0)
         assert btg.current_deadline() is None
+    # reported on the timer thread after the call was ended: the handler may end first
+    assert wait_for(lambda: len(events) == 2)
     assert [(e.source, e.budget) for e in events] == [("max_time", 0.05)] * 2
     assert reports == []  # never slow: the threshold's timer, re-armed, was cancelled
 

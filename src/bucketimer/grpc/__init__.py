@@ -25,7 +25,9 @@ actually run out of time.
 * :func:`remaining` / :func:`current_deadline` -- the budget left to the
   handler running in this context.
 
-Everything is logged on the ``bucketimer.grpc`` logger.
+Everything is logged on the ``bucketimer.grpc`` logger (``_records``).
+Importing this package lets grpc take these interceptors however they are
+registered, and refuse those of the other API clearly (``_registration``).
 """
 
 from __future__ import annotations
@@ -33,5 +35,8 @@ from __future__ import annotations
 from ._common import DEFAULT_DETAILS as DEFAULT_DETAILS
 from ._common import grpc as grpc  # the real grpcio package
 from ._common import logger as logger
+from ._registration import install as _install
 from .sync import *  # noqa: F403 - this namespace is the sync API
 from .sync import __all__ as __all__
+
+_install()  # grpc's constructors take these interceptors however they are given

@@ -1,5 +1,5 @@
 """What the sync and aio interceptors share: budgets and their propagation,
-argument checks, the facts handed to hooks and how they are logged, the
+argument checks, the facts handed to hooks (logged by ``_records``), the
 delegating context base, handler wrapping with its per-method cache, and
 the settings of each interceptor (docs/grpc.rst; the per-call cost: "Costs").
 """
@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, Self
 
 import bucketimer
 
+from ._records import check_level, log_deadline, log_hook_error, log_slow
+from ._records import logger as logger
+
 # the public names both backends export
 __all__ = ["DeadlineEvent", "SlowCall", "current_deadline", "remaining"]
-
-logger = logging.getLogger("bucketimer.grpc")
 
 _monotonic = time.monotonic
 _new = object.__new__
@@ -125,7 +126,7 @@ def _safe_hook(hook: Callable[[Any], object], arg: Any, what: str) -> None:
     try:
         hook(arg)
     except Exception:
-        logger.exception("bucketimer.grpc: %s hook %r raised", what, hook)
+        log_hook_error(what, hook, arg)
 
 
 class _CallDetails(
@@ -243,38 +244,6 @@ class SlowCall:
     stack: str | None = None
 
 
-def _log_slow(level: int, info: SlowCall) -> None:
-    if not logger.isEnabledFor(level):
-        return
-    extra = {
-        "grpc_method": info.method,
-        "grpc_side": info.side,
-        "grpc_elapsed": info.elapsed,
-        "grpc_finished": info.finished,
-        "grpc_code": info.code,
-    }
-    if info.finished:
-        code = info.code.name if info.code is not None else "unknown status"
-        logger.log(level, "slow gRPC %s call %s finished after %.3f s (%s)",
-                   info.side, info.method, info.elapsed, code, extra=extra)
-    elif info.stack:
-        logger.log(level, "slow gRPC %s call %s still running after %.3f s; handler stack:\n%s",
-                   info.side, info.method, info.elapsed, info.stack.rstrip("\n"), extra=extra)
-    else:
-        logger.log(level, "slow gRPC %s call %s still running after %.3f s",
-                   info.side, info.method, info.elapsed, extra=extra)
-
-
-def _log_deadline(ev: DeadlineEvent) -> None:
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    how = " (handler interrupted)" if ev.interrupted else " (handler cancelled)" if ev.cancelled else ""
-    logger.info("gRPC server call %s ran out of its %.3f s budget (%s) after %.3f s%s",
-                ev.method, ev.budget, ev.source, ev.elapsed, how,
-                extra={"grpc_method": ev.method, "grpc_elapsed": ev.elapsed,
-                       "grpc_budget": ev.budget, "grpc_source": ev.source})
-
-
 # -- the handler's context --------------------------------------------------------------
 
 
@@ -386,7 +355,7 @@ class _DeadlineCall(_ContextProxy):
         ic = self._ic
         ev = DeadlineEvent(self._method, self._source, self._budget_length(),
                            _monotonic() - self._start, interrupted=interrupted, cancelled=cancelled)
-        _log_deadline(ev)
+        log_deadline(ev)
         if ic._on_deadline is not None:
             _safe_hook(ic._on_deadline, ev, "on_deadline")
 
@@ -740,7 +709,7 @@ class _SlowCallSettings(_ServerWrapper):
 
     def __init__(self, threshold: float, *,
                  on_slow: Callable[[SlowCall], object] | None = None,
-                 level: int = logging.WARNING, stack: bool = True,
+                 level: int | str = logging.WARNING, stack: bool = True,
                  stack_limit: int | None = 30,
                  timer_thread: bucketimer.TimerThread | None = None) -> None:
         super().__init__(timer_thread)
@@ -748,7 +717,7 @@ class _SlowCallSettings(_ServerWrapper):
         assert seconds is not None
         self._threshold = seconds
         self._on_slow = _check_hook("on_slow", on_slow)
-        self._level = int(level)
+        self._level = check_level(level)
         self._stack = bool(stack)
         self._stack_limit = stack_limit
 
@@ -757,7 +726,7 @@ class _SlowCallSettings(_ServerWrapper):
         return self._threshold
 
     def _report(self, info: SlowCall) -> None:
-        _log_slow(self._level, info)
+        log_slow(self._level, info, self._threshold)
         if self._on_slow is not None:
             _safe_hook(self._on_slow, info, "on_slow")
 
@@ -782,7 +751,7 @@ class _BothSettings(_ServerWrapper):
                  on_deadline: Callable[[DeadlineEvent], object] | None = None,
                  details: str = DEFAULT_DETAILS,
                  on_slow: Callable[[SlowCall], object] | None = None,
-                 level: int = logging.WARNING, stack: bool = True,
+                 level: int | str = logging.WARNING, stack: bool = True,
                  stack_limit: int | None = 30,
                  timer_thread: bucketimer.TimerThread | None = None,
                  **deadline_options: Any) -> None:

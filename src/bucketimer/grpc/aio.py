@@ -3,8 +3,8 @@ cancelling the handler task and aborting the call with ``DEADLINE_EXCEEDED``
 (never a raw ``CancelledError``, which leaves the client waiting:
 grpc/grpc#29248), reporting slow calls with the handler's await stack,
 default client timeouts with propagation, and :func:`client_interceptors`
-to register multi-shape client interceptors; timers are armed from the
-loop's thread and fire in that loop (docs/grpc.rst, "grpc.aio").
+to register other libraries' multi-kind client interceptors; timers are armed
+from the loop's thread and fire in that loop (docs/grpc.rst, "grpc.aio").
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import grpc.aio
 import bucketimer
 from bucketimer import _backend
 
-from . import _common
+from . import _common, _registration
 from ._common import *  # noqa: F403 - the names both backends export
 from ._common import (
     DEFAULT_DETAILS,
@@ -122,67 +122,30 @@ class DeadlinePropagationInterceptor(DefaultTimeoutInterceptor):
         super().__init__(None, propagate=True, margin=margin)
 
 
-# -- registering multi-shape client interceptors --------------------------------------
-#
-# grpc.aio.Channel files each interceptor under the first of the four client
-# interceptor interfaces it implements (an if/elif chain: grpc/grpc#31442,
-# #40946), so an object implementing all four would only ever see unary-unary
-# calls.  client_interceptors() hands grpc one single-shape adapter per shape.
-
-
-class _Adapter:
-    """One call shape of a multi-shape client interceptor ``inner``."""
-
-    __slots__ = ("inner", "_intercept")
-    _shape = ""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self._intercept = getattr(inner, f"intercept_{self._shape}")
-
-    def _forward(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return self._intercept(continuation, client_call_details, request)
-
-    def __repr__(self) -> str:
-        return f"<{self._shape.replace('_', '-')} {self.inner!r}>"
-
-
-def _adapter(base: type, shape: str) -> type[_Adapter]:
-    return type(f"_{shape.title().replace('_', '')}Adapter", (_Adapter, base),
-                {"__slots__": (), "_shape": shape, f"intercept_{shape}": _Adapter._forward})
-
-
-_ADAPTERS = [(base, _adapter(base, shape)) for base, shape in (
-    (grpc.aio.UnaryUnaryClientInterceptor, "unary_unary"),
-    (grpc.aio.UnaryStreamClientInterceptor, "unary_stream"),
-    (grpc.aio.StreamUnaryClientInterceptor, "stream_unary"),
-    (grpc.aio.StreamStreamClientInterceptor, "stream_stream"),
-)]
+# -- registering client interceptors ---------------------------------------------------
 
 
 def client_interceptors(*interceptors: Any) -> list[Any]:
-    """The list to pass as ``grpc.aio.insecure_channel(..., interceptors=)``.
+    """The list to pass as ``grpc.aio.insecure_channel(..., interceptors=)``
+    for any multi-kind aio client interceptors: one single-kind adapter per
+    interface each implements, in the given order.
 
     ``grpc.aio`` uses an interceptor that implements several of the four
-    client interceptor interfaces for the first one only (unary-unary;
-    grpc/grpc#31442), so the interceptors of this module -- which implement
-    all four -- would silently miss streaming calls if passed directly.  This
-    returns one single-shape adapter per interface each interceptor
-    implements, in the given order (any aio client interceptor may be
-    passed)::
+    client interceptor interfaces for the first one only (unary-unary).
+    This module's interceptors may be passed to the channel directly (see
+    :mod:`bucketimer.grpc._registration`); this function does the same for
+    other libraries' multi-kind interceptors, and is kept for code that
+    registers bucketimer's through it::
 
         channel = grpc.aio.insecure_channel(target, interceptors=client_interceptors(
             DefaultTimeoutInterceptor(2.0), SlowCallInterceptor(0.5)))
     """
     out: list[Any] = []
     for ic in interceptors:
-        kinds = [adapter for base, adapter in _ADAPTERS if isinstance(ic, base)]
+        kinds = _registration.split(ic)
         if not kinds:
             raise TypeError(f"{ic!r} is not a grpc.aio client interceptor")
-        if len(kinds) == 1:
-            out.append(ic)
-        else:
-            out.extend(adapter(ic) for adapter in kinds)
+        out.extend(kinds)
     return out
 
 
@@ -233,8 +196,8 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
     current ``await``); once the handler has unwound, the interceptor
     uncancels the task and aborts the call with ``DEADLINE_EXCEEDED`` (and
     ``details``), so the client never hangs on a raw ``CancelledError``.
-    ``on_deadline(DeadlineEvent)`` is called in the loop and an INFO record
-    is logged on ``bucketimer.grpc``.  A handler that suppresses the
+    ``on_deadline(DeadlineEvent)`` is called in the loop and a WARNING is
+    logged on ``bucketimer.grpc``.  A handler that suppresses the
     cancellation still ends with ``DEADLINE_EXCEEDED`` when it returns -- the
     client waits until then.
 

@@ -42,8 +42,8 @@ from ._common import (
     _SlowCallBase,
     _SlowCallSettings,
     _TimeoutRules,
-    logger,
 )
+from ._records import log_abort_error
 
 try:  # the C-core status codes, for cancelling a server call with a status
     _CORE_DEADLINE_EXCEEDED: Any = importlib.import_module(
@@ -126,7 +126,7 @@ _RAISED: list[object] = [_SENT]
 _SEND_WAIT = 0.0001
 
 
-def _abort_server_call(context: Any, details: str) -> None:
+def _abort_server_call(context: Any, details: str, method: str) -> None:
     """End a sync server call with DEADLINE_EXCEEDED from any thread.
 
     grpc's sync ``context.abort()`` only works in the handler's thread, so
@@ -143,7 +143,7 @@ def _abort_server_call(context: Any, details: str) -> None:
         else:
             context.cancel()
     except Exception:  # the call ended meanwhile
-        logger.debug("bucketimer.grpc: cancelling an expired call failed", exc_info=True)
+        log_abort_error(method)
 
 
 # -- the handler's context ------------------------------------------------------------------
@@ -194,7 +194,7 @@ class _DeadlineContext(_DeadlineCall):
         if self._done or self._expired:
             return
         self._expired = True
-        _abort_server_call(self._ctx, self._ic._details)
+        _abort_server_call(self._ctx, self._ic._details, self._method)
         self._report()
 
 
@@ -368,7 +368,7 @@ class _InterruptibleContext(_DeadlineContext):
         # interrupted now, on the return from grpc (shielded), or by a retry
         interrupted = self._in_step
         retry = interrupted and not self._interrupt()
-        _abort_server_call(self._ctx, self._ic._details)
+        _abort_server_call(self._ctx, self._ic._details, self._method)
         if retry:
             self._ic._timers().call_later(_INTERRUPT_RETRY, self._retry_interrupt)
         self._report(interrupted=interrupted)
@@ -607,7 +607,7 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
     * ``context.is_active()`` turns false and ``context.time_remaining()`` is 0
       for the handler;
     * ``on_deadline(DeadlineEvent)`` is called (on bucketimer's dispatcher
-      thread) and an INFO record is logged on ``bucketimer.grpc``;
+      thread) and a WARNING is logged on ``bucketimer.grpc``;
     * with ``interrupt=True``, :class:`DeadlineInterrupt` is raised
       asynchronously in the handler thread (``PyThreadState_SetAsyncExc``)
       so the pool thread is freed.  Limits: the exception is raised at the
@@ -788,11 +788,12 @@ class SlowCallInterceptor(
     """Client and server interceptor: report calls slower than ``threshold``.
 
     When a call is still running ``threshold`` seconds after it started, a
-    record is logged on ``bucketimer.grpc`` (at ``level``, WARNING by default)
-    with the method and the elapsed time -- on a sync server also the handler
-    thread's current Python stack (``sys._current_frames``), while it is
-    still stuck.  When a slow call ends, a second record gives its total time
-    and status.  ``on_slow(SlowCall)`` receives the same facts (called on
+    record is logged on ``bucketimer.grpc`` (at ``level``: an int or a level
+    name as ``logging`` takes them, WARNING by default) with the method and
+    the elapsed time -- on a sync server also the handler thread's current
+    Python stack (``sys._current_frames``), while it is still stuck.  When a
+    slow call ends, a second record, at INFO (or ``level`` if lower), gives
+    its total time and status.  ``on_slow(SlowCall)`` receives the same facts (called on
     bucketimer's dispatcher thread at the threshold, in the call's thread or
     grpc's at the end).  A call that ends in time costs one timer schedule +
     cancel and logs nothing.
