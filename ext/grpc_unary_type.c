@@ -63,22 +63,26 @@ static PyObject *GrpcCall_new(PyTypeObject *Py_UNUSED(tp), PyObject *Py_UNUSED(a
     return NULL;
 }
 
-#define CALL_MEMBER(name, type, field) \
-    {name, type, offsetof(GrpcCallObject, field), 0, NULL}
+/* Python reads every field; it writes only those the C wrappers never read
+ * (the flags and _handle2, which the Python methods keep).  The rest are
+ * read-only (module.h, "Fields Python can reach"): the wrappers use _handle
+ * and _deadline after the handler, which receives this object, has run. */
+#define CALL_MEMBER(name, type, field, flags) \
+    {name, type, offsetof(GrpcCallObject, field), flags, NULL}
 static PyMemberDef GrpcCall_members[] = {
-    CALL_MEMBER("_ctx", Py_T_OBJECT_EX, ctx),
-    CALL_MEMBER("_deadline", Py_T_OBJECT_EX, deadline),
-    CALL_MEMBER("_source", Py_T_OBJECT_EX, source),
-    CALL_MEMBER("_task", Py_T_OBJECT_EX, task),
-    CALL_MEMBER("_handle", Py_T_OBJECT_EX, handle),
-    CALL_MEMBER("_handle2", Py_T_OBJECT_EX, handle2),
-    CALL_MEMBER("_start", Py_T_DOUBLE, start),
-    CALL_MEMBER("_ident", Py_T_ULONG, ident),
-    CALL_MEMBER("_expired", Py_T_BOOL, expired),
-    CALL_MEMBER("_done", Py_T_BOOL, done),
-    CALL_MEMBER("_slow", Py_T_BOOL, slow),
-    CALL_MEMBER("_first_slow", Py_T_BOOL, first_slow),
-    CALL_MEMBER("_where", Py_T_OBJECT_EX, where),
+    CALL_MEMBER("_ctx", Py_T_OBJECT_EX, ctx, Py_READONLY),
+    CALL_MEMBER("_deadline", Py_T_OBJECT_EX, deadline, Py_READONLY),
+    CALL_MEMBER("_source", Py_T_OBJECT_EX, source, Py_READONLY),
+    CALL_MEMBER("_task", Py_T_OBJECT_EX, task, Py_READONLY),
+    CALL_MEMBER("_handle", Py_T_OBJECT_EX, handle, Py_READONLY),
+    CALL_MEMBER("_handle2", Py_T_OBJECT_EX, handle2, 0),
+    CALL_MEMBER("_start", Py_T_DOUBLE, start, Py_READONLY),
+    CALL_MEMBER("_ident", Py_T_ULONG, ident, Py_READONLY),
+    CALL_MEMBER("_expired", Py_T_BOOL, expired, 0),
+    CALL_MEMBER("_done", Py_T_BOOL, done, 0),
+    CALL_MEMBER("_slow", Py_T_BOOL, slow, 0),
+    CALL_MEMBER("_first_slow", Py_T_BOOL, first_slow, Py_READONLY),
+    CALL_MEMBER("_where", Py_T_OBJECT_EX, where, Py_READONLY),
     {NULL}};
 
 static PyType_Slot GrpcCall_slots[] = {

@@ -338,3 +338,28 @@ def test_on_a_real_server(tt: bucketimer.TimerThread) -> None:
             assert r == b"hi" and dict(call.trailing_metadata())["done"] == "yes"
     assert seen == [(True, True, True, "test", 4, 4)] * 3
     assert wait_for(lambda: tt.stats()["cancelled"] == 3)
+
+
+#: the call's fields the C wrappers read: Python may read them, not change them
+C_READS = ("_handle", "_ctx", "_deadline", "_source", "_task", "_start", "_ident", "_first_slow",
+           "_where")
+
+
+@pytest.mark.native
+def test_a_handler_cannot_change_the_fields_c_reads(tt: bucketimer.TimerThread) -> None:
+    refused: list[str] = []
+
+    def behavior(req: bytes, ctx: Any) -> bytes:
+        for name in C_READS:
+            for change in (lambda: delattr(ctx, name), lambda: setattr(ctx, name, None)):
+                with pytest.raises(AttributeError):
+                    change()
+            refused.append(name)
+        return req + b"!"
+
+    w = _wrapper(behavior, tt, 5.0, 1.0)
+    assert w(b"x", StandIn(None)) == b"x!"
+    assert refused == list(C_READS)
+    stats = tt.stats()
+    assert stats["scheduled"] == stats["cancelled"] == 1
+
