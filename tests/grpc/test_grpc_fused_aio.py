@@ -407,6 +407,40 @@ def test_throw_of_a_class_inside_except(tt: bucketimer.TimerThread, where: str) 
     assert exc.__context__ is None and exc.__cause__ is None
 
 
+@pytest.mark.parametrize("how", ["raised", "returned"])
+def test_the_variable_reset_failing_chains_as_a_finally_block(tt: bucketimer.TimerThread,
+                                                              how: str) -> None:
+    """Started in one context and ended in another, the call cannot reset
+    the deadline variable: that ValueError is raised as from the wrapper's
+    ``finally`` block, its __context__ the handler's exception if it raised
+    (else what the caller was handling), never the caller's in its place."""
+
+    async def behavior(req: bytes, ctx: Any) -> Any:
+        await Step()
+        if how == "raised":
+            raise LookupError("the handler's")
+        return req
+
+    w = _wrapper(behavior, tt, 5.0, 3.0)
+
+    async def main() -> BaseException:
+        c = w(b"r", StandIn(None))
+        assert contextvars.copy_context().run(c.send, None) == "step"
+        try:
+            raise KeyError("the caller's")
+        except KeyError:
+            with pytest.raises(ValueError, match="different Context") as ei:
+                c.send(None)
+        return ei.value
+
+    exc = _run(main)
+    context = exc.__context__
+    if how == "raised":
+        assert type(context) is LookupError and context.args == ("the handler's",)
+        context = context.__context__
+    assert type(context) is KeyError and context.args == ("the caller's",)
+
+
 @pytest.mark.skipif(not NATIVE, reason="the C wrapper: native backend, Python 3.12+")
 def test_a_handler_cannot_change_the_fields_c_reads(tt: bucketimer.TimerThread) -> None:
     refused: list[str] = []
