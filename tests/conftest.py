@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
-from _helpers import cffi_core as _new_cffi_core
 from _helpers import TIME_SCALE, destroy_cffi_core, wait_until
+from _helpers import cffi_core as _new_cffi_core
 from hypothesis import HealthCheck, settings
 
 import bucketimer

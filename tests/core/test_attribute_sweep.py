@@ -77,7 +77,7 @@ class Evil:
     def __del__(self) -> None:
         try:
             self._poke()
-        except Exception:  # noqa: S110 - a __del__ must not raise; the point is the call
+        except Exception:
             pass
 
 
@@ -183,7 +183,7 @@ def use_timer_thread(tt: Any, before: Hit, inside: Hit) -> None:
         t.call_later(0, cb)
         assert ran.wait(10)
         t.call_at(t.time() + 30, _noop).cancel()
-        t.stats(), t._ports, t._dispatcher, t.closed  # noqa: B018
+        t.stats(), t._ports, t._dispatcher, t.closed
 
         async def main() -> None:
             done = asyncio.Event()
@@ -210,7 +210,7 @@ def use_handle(tt: Any, before: Hit, inside: Hit) -> None:
     handles.append(h)
     before(h)
     assert ran.wait(10)
-    h.cancel(), h.cancelled(), h.when(), h.get_context(), repr(h)  # noqa: B018
+    h.cancel(), h.cancelled(), h.when(), h.get_context(), repr(h)
     far = tt.call_later(30, cb)
     before(far)
     assert far.cancel() is True
@@ -247,7 +247,7 @@ def use_port(tt: Any, before: Hit, inside: Hit) -> None:
         for _ in range(2):
             done = asyncio.Event()
 
-            def fail() -> None:
+            def fail(done: asyncio.Event = done) -> None:
                 inside(port)
                 port.on_error = reporter()  # rebinding from inside, then raising
                 loop.call_soon(done.set)
@@ -258,7 +258,7 @@ def use_port(tt: Any, before: Hit, inside: Hit) -> None:
         ok = asyncio.Event()
         tt.call_later(0, ok.set)
         await ok.wait()
-        port.fileno(), port.loop, repr(port)  # noqa: B018
+        port.fileno(), port.loop, repr(port)
         far.cancel()
 
     _in_a_loop(main)
@@ -283,7 +283,7 @@ def use_scheduler(tt: Any, before: Hit, inside: Hit) -> None:
             s = tt._scheduler(loop, absolute)
             before(s)
             done = asyncio.Event()
-            s(loop.time() if absolute else 0, lambda s=s: (inside(s), done.set()))
+            s(loop.time() if absolute else 0, lambda s=s, done=done: (inside(s), done.set()))
             await done.wait()
             s(loop.time() + 30 if absolute else 30, _noop).cancel()
 
@@ -297,7 +297,7 @@ def use_timeout(tt: Any, before: Hit, inside: Hit) -> None:
         async with tm:
             inside(tm)
             await asyncio.sleep(0)
-        tm.when(), tm.expired(), repr(tm)  # noqa: B018
+        tm.when(), tm.expired(), repr(tm)
         tm = bt_aio.timeout(0.001)
         before(tm)
         with contextlib.suppress(TimeoutError):
@@ -611,7 +611,7 @@ def test_no_change_python_can_make_crashes(tt: bucketimer.TimerThread, name: str
                 for mode in ("before", "inside"):
                     sweep.tried.add(f"{attr}:{label}:{mode}")
                     before, inside = (hit, _noop) if mode == "before" else (_noop, hit)
-                    sweep.attempt(lambda: use(tt, before, inside))
+                    sweep.attempt(lambda b=before, i=inside: use(tt, b, i))
                     _still_fires(tt)
             gc.collect()  # what was dropped, Evil values among it, and cycles
     assert len(sweep.tried) == len(names) * 5 * 2

@@ -450,7 +450,7 @@ def test_a_handler_cannot_change_the_fields_c_reads(tt: bucketimer.TimerThread) 
     async def behavior(req: bytes, ctx: Any) -> bytes:
         await asyncio.sleep(0)
         for name in names:
-            for change in (lambda: delattr(ctx, name), lambda: setattr(ctx, name, None)):
+            for change in (lambda n=name: delattr(ctx, n), lambda n=name: setattr(ctx, n, None)):
                 with pytest.raises(AttributeError):
                     change()
             refused.append(name)

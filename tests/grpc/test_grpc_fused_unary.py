@@ -352,7 +352,7 @@ def test_a_handler_cannot_change_the_fields_c_reads(tt: bucketimer.TimerThread) 
 
     def behavior(req: bytes, ctx: Any) -> bytes:
         for name in C_READS:
-            for change in (lambda: delattr(ctx, name), lambda: setattr(ctx, name, None)):
+            for change in (lambda n=name: delattr(ctx, n), lambda n=name: setattr(ctx, n, None)):
                 with pytest.raises(AttributeError):
                     change()
             refused.append(name)
