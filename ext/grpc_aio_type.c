@@ -102,10 +102,19 @@ static PySendResult aio_handler_ended(GrpcAioCoroObject *self, PySendResult r,
         Py_XDECREF(handled);
         err = tail ? exc : chained(PyErr_GetRaisedException(), exc);
     }
-    /* the `finally` block */
+    /* the `finally` block: what it raises has `err` as __context__, as
+     * inside a `finally` that an exception runs (not what the caller of
+     * send() or throw() was handling) */
     PyObject *token = self->token;
     self->token = NULL;
-    if (PyContextVar_Reset(w->var, token) < 0) {
+    PyObject *handled = err ? PyErr_GetHandledException() : NULL;
+    if (err) PyErr_SetHandledException(err);
+    int reset = PyContextVar_Reset(w->var, token);
+    if (err) {
+        PyErr_SetHandledException(handled);
+        Py_XDECREF(handled);
+    }
+    if (reset < 0) {
         err = chained(PyErr_GetRaisedException(), err);
         Py_CLEAR(tail);
     }

@@ -63,22 +63,26 @@ static PyObject *GrpcCall_new(PyTypeObject *Py_UNUSED(tp), PyObject *Py_UNUSED(a
     return NULL;
 }
 
-#define CALL_MEMBER(name, type, field) \
-    {name, type, offsetof(GrpcCallObject, field), 0, NULL}
+/* Python reads every field; it writes only those the C wrappers never read
+ * (the flags and _handle2, which the Python methods keep).  The rest are
+ * read-only (module.h, "fields Python can reach"): the wrappers use _handle
+ * and _deadline after the handler, which receives this object, has run. */
+#define CALL_MEMBER(name, type, field, flags) \
+    {name, type, offsetof(GrpcCallObject, field), flags, NULL}
 static PyMemberDef GrpcCall_members[] = {
-    CALL_MEMBER("_ctx", Py_T_OBJECT_EX, ctx),
-    CALL_MEMBER("_deadline", Py_T_OBJECT_EX, deadline),
-    CALL_MEMBER("_source", Py_T_OBJECT_EX, source),
-    CALL_MEMBER("_task", Py_T_OBJECT_EX, task),
-    CALL_MEMBER("_handle", Py_T_OBJECT_EX, handle),
-    CALL_MEMBER("_handle2", Py_T_OBJECT_EX, handle2),
-    CALL_MEMBER("_start", Py_T_DOUBLE, start),
-    CALL_MEMBER("_ident", Py_T_ULONG, ident),
-    CALL_MEMBER("_expired", Py_T_BOOL, expired),
-    CALL_MEMBER("_done", Py_T_BOOL, done),
-    CALL_MEMBER("_slow", Py_T_BOOL, slow),
-    CALL_MEMBER("_first_slow", Py_T_BOOL, first_slow),
-    CALL_MEMBER("_where", Py_T_OBJECT_EX, where),
+    CALL_MEMBER("_ctx", Py_T_OBJECT_EX, ctx, Py_READONLY),
+    CALL_MEMBER("_deadline", Py_T_OBJECT_EX, deadline, Py_READONLY),
+    CALL_MEMBER("_source", Py_T_OBJECT_EX, source, Py_READONLY),
+    CALL_MEMBER("_task", Py_T_OBJECT_EX, task, Py_READONLY),
+    CALL_MEMBER("_handle", Py_T_OBJECT_EX, handle, Py_READONLY),
+    CALL_MEMBER("_handle2", Py_T_OBJECT_EX, handle2, 0),
+    CALL_MEMBER("_start", Py_T_DOUBLE, start, Py_READONLY),
+    CALL_MEMBER("_ident", Py_T_ULONG, ident, Py_READONLY),
+    CALL_MEMBER("_expired", Py_T_BOOL, expired, 0),
+    CALL_MEMBER("_done", Py_T_BOOL, done, 0),
+    CALL_MEMBER("_slow", Py_T_BOOL, slow, 0),
+    CALL_MEMBER("_first_slow", Py_T_BOOL, first_slow, Py_READONLY),
+    CALL_MEMBER("_where", Py_T_OBJECT_EX, where, Py_READONLY),
     {NULL}};
 
 static PyType_Slot GrpcCall_slots[] = {
@@ -133,32 +137,38 @@ static int is_native_tt(ext_state *st, PyObject *tt) {
     return same;
 }
 
-/* The TimerThread to arm on (borrowed): the last one, unless it is closed
- * (then timers() again), as the interceptors' _live_tt does. */
-static PyObject *live_tt(GrpcUnaryObject *w) {
-    PyObject *tt = w->tt;
+/* The TimerThread to arm on (a new reference) and whether it is native:
+ * the last one, unless it is closed (then timers() again), as the
+ * interceptors' _live_tt does.  Asking a stand-in whether it is closed
+ * runs Python code, which may call this wrapper and replace w->tt: the
+ * answer is about the one held here. */
+static PyObject *live_tt(GrpcUnaryObject *w, int *native) {
+    PyObject *tt = Py_XNewRef(w->tt);
+    *native = w->tt_native;
     if (tt) {
-        if (w->tt_native) {
+        if (*native) {
             TimerThreadObject *t = (TimerThreadObject *)tt;
             if (t->core && !t->closed && !bt_is_stopped(t->core)) return tt;
         } else {
             PyObject *closed = PyObject_GetAttr(tt, w->str_closed);
-            if (!closed) return NULL;
-            int c = PyObject_IsTrue(closed);
-            Py_DECREF(closed);
-            if (c < 0) return NULL;
-            if (!c) return tt;
+            int c = closed ? PyObject_IsTrue(closed) : -1;
+            Py_XDECREF(closed);
+            if (c <= 0) {
+                if (c < 0) Py_CLEAR(tt);
+                return tt;
+            }
         }
+        Py_DECREF(tt);
     }
     PyObject *n = PyObject_CallNoArgs(w->timers);
     if (!n) return NULL;
-    int native = is_native_tt(w->st, n);
-    if (native < 0) {
+    *native = is_native_tt(w->st, n);
+    if (*native < 0) {
         Py_DECREF(n);
         return NULL;
     }
-    Py_XSETREF(w->tt, n);
-    w->tt_native = native;
+    Py_XSETREF(w->tt, Py_NewRef(n));
+    w->tt_native = *native;
     return n;
 }
 
@@ -194,12 +204,13 @@ int ext_grpc_cancel_timer(GrpcUnaryObject *w, PyObject *h) {
     return ok;
 }
 
-/* The timer at `when` for w->fire(c), delivered to `loop` (None: the
- * dispatcher); a stand-in TimerThread's call_at chooses for itself. */
-static PyObject *arm(GrpcUnaryObject *w, PyObject *tt, double when, GrpcCallObject *c,
-                     PyObject *loop) {
+/* The timer at `when` for w->fire(c) on `tt` (`native`: a TimerThread of
+ * the core's), delivered to `loop` (None: the dispatcher); a stand-in
+ * TimerThread's call_at chooses for itself. */
+static PyObject *arm(GrpcUnaryObject *w, PyObject *tt, int native, double when,
+                     GrpcCallObject *c, PyObject *loop) {
     PyObject *arg = (PyObject *)c;
-    if (w->tt_native)
+    if (native)
         return ext_schedule((TimerThreadObject *)tt, 1, when, w->fire, &arg, 1, loop, NULL, 0);
     PyObject *t = PyFloat_FromDouble(when);
     if (!t) return NULL;
@@ -260,10 +271,10 @@ GrpcCallObject *ext_grpc_call_begin(GrpcUnaryObject *w, PyObject *ctx, PyObject 
         first = deadline;
         c->first_slow = 0;
     }
-    PyObject *tt = live_tt(w);
+    int native;
+    PyObject *tt = live_tt(w, &native);
     if (!tt) goto fail;
-    Py_INCREF(tt); /* arm() may run Python code, which may call timers() again */
-    c->handle = arm(w, tt, first, c, loop);
+    c->handle = arm(w, tt, native, first, c, loop);
     Py_DECREF(tt);
     if (!c->handle) goto fail;
     return c;

@@ -51,6 +51,19 @@ static inline PyObject *ext_tuple_from_array(PyObject *const *items, Py_ssize_t 
         return 0;                           \
     }
 
+/* ---- fields Python can reach ----------------------------------------------- */
+
+/* No Python code may crash the process, and Python code runs wherever C
+ * calls back into it (a callback, a handler, on_error, a stand-in's method,
+ * a __del__ or __eq__, a property).  So C never relies on a field that
+ * Python can change without holding a reference of its own: a member or
+ * getset that C reads is read-only (Py_READONLY, or a getter without a
+ * setter), or checked where C reads it, and a writable one that C passes
+ * across Python code (Port.on_error) is read into a new reference first.
+ * Borrowed references to an object's fields live only until the next call
+ * into Python.  tests/core/test_attribute_sweep.py tries every member and
+ * getset of every type here. */
+
 /* ---- module state ------------------------------------------------------- */
 
 #define HANDLE_FREELIST 256 /* a burst of call_later+cancel pairs */

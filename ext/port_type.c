@@ -46,7 +46,11 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
         }
         /* The slot's reference to h is ours now. */
         bt_timer_release(self->port, t);
-        int rc = ext_handle_run(h, self->on_error, drop);
+        /* on_error is a writable member: the callback may rebind it before
+         * it raises, so the report needs a reference of its own. */
+        PyObject *on_error = Py_XNewRef(self->on_error);
+        int rc = ext_handle_run(h, on_error, drop);
+        Py_XDECREF(on_error);
         Py_DECREF(h);
         ran++;
         if (rc < 0) {

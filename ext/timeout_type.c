@@ -471,6 +471,26 @@ static PyObject *Step_iternext(StepObject *self) { return step_stop(self, Py_Non
 
 static PyObject *Step_send(StepObject *self, PyObject *arg) { return step_stop(self, arg, 0); }
 
+/* An instance of the exception class `typ` for `value` (an instance
+ * already, None, a tuple of arguments or the one argument), as CPython
+ * normalizes one (errors.c, _PyErr_CreateException), but without chaining
+ * the exception being handled as PyErr_SetObject would. */
+static PyObject *exception_of_class(PyObject *typ, PyObject *value) {
+    if (PyExceptionInstance_Check(value) && PyObject_IsInstance(value, typ) > 0)
+        return Py_NewRef(value);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *exc = value == Py_None      ? PyObject_CallNoArgs(typ)
+                    : PyTuple_Check(value) ? PyObject_Call(typ, value, NULL)
+                                           : PyObject_CallOneArg(typ, value);
+    if (exc && !PyExceptionInstance_Check(exc)) {
+        PyErr_Format(PyExc_TypeError,
+                     "calling %R should have returned an instance of BaseException, not %s",
+                     typ, Py_TYPE(exc)->tp_name);
+        Py_CLEAR(exc);
+    }
+    return exc;
+}
+
 /* The exception a coroutine's throw(exc) or throw(type[, value[, tb]]) is
  * asked to raise, checked as generators check it; NULL with an error set. */
 PyObject *ext_throw_args_exception(PyObject *const *args, Py_ssize_t nargs) {
@@ -491,7 +511,11 @@ PyObject *ext_throw_args_exception(PyObject *const *args, Py_ssize_t nargs) {
         }
         PyErr_SetRaisedException(Py_NewRef(typ));
     } else if (PyExceptionClass_Check(typ)) {
-        PyErr_SetObject(typ, val);
+        /* made as a generator's throw() makes it: raised where the
+         * coroutine waits, not chained to what the caller is handling */
+        PyObject *exc = exception_of_class(typ, val);
+        if (!exc) return NULL;
+        PyErr_SetRaisedException(exc);
     } else {
         PyErr_Format(PyExc_TypeError,
                      "exceptions must be classes or instances deriving from BaseException, "

@@ -13,6 +13,8 @@
  */
 #include "module.h"
 
+#include <frameobject.h>
+
 /* ---- wait_for: asyncio.wait_for of 3.12 and later, in C -----------------
  *
  * 3.12 rewrote wait_for() as
@@ -466,6 +468,38 @@ static PyObject *coro_get_none(PyObject *Py_UNUSED(self), void *Py_UNUSED(c)) {
     Py_RETURN_NONE;
 }
 
+/* A C coroutine has no frame of its own, but inspect.getcoroutinestate() of
+ * 3.11-3.14 tells one not yet started (CORO_CREATED) from an ended one
+ * (CORO_CLOSED) by its cr_frame alone, and what reads a cr_frame expects a
+ * frame or None.  So until the first send, cr_frame is a frame where the
+ * coroutine would start: an empty code object named for it, in this
+ * module's globals; a new one each time (it is only ever inspected).  Once
+ * started, None, as before (cr_running and cr_suspended then tell). */
+static PyObject *coro_get_frame(PyObject *op, void *Py_UNUSED(c)) {
+    ext_coro *self = (ext_coro *)op;
+    if (self->state != EXT_CORO_CREATED || self->running) Py_RETURN_NONE;
+    PyObject *m = PyType_GetModuleByDef(Py_TYPE(op), &ext_module_def);
+    if (!m) return NULL;
+    PyCodeObject *code = PyCode_NewEmpty("<bucketimer._core>", self->kind->name, 0);
+    if (!code) return NULL;
+    PyFrameObject *f = PyFrame_New(PyThreadState_Get(), code, PyModule_GetDict(m), NULL);
+    Py_DECREF(code);
+    return (PyObject *)f;
+}
+
+#if PY_VERSION_HEX >= 0x030F0000
+/* 3.15's coroutines say their state, and its inspect.getcoroutinestate()
+ * reads only that. */
+static PyObject *coro_get_state(PyObject *op, void *Py_UNUSED(c)) {
+    ext_coro *self = (ext_coro *)op;
+    const char *name = self->running                          ? "CORO_RUNNING"
+                       : self->state == EXT_CORO_CREATED   ? "CORO_CREATED"
+                       : self->state == EXT_CORO_SUSPENDED ? "CORO_SUSPENDED"
+                                                           : "CORO_CLOSED";
+    return PyUnicode_InternFromString(name);
+}
+#endif
+
 static PyObject *coro_get_name(PyObject *op, void *Py_UNUSED(c)) {
     return PyUnicode_FromString(((ext_coro *)op)->kind->name);
 }
@@ -483,7 +517,11 @@ PyGetSetDef ext_coro_getset[] = {
     {"cr_await", coro_get_await, NULL, "object being awaited on, or None", NULL},
     {"cr_running", coro_get_running, NULL, NULL, NULL},
     {"cr_suspended", coro_get_suspended, NULL, NULL, NULL},
-    {"cr_frame", coro_get_none, NULL, "None: this coroutine has no Python frame", NULL},
+    {"cr_frame", coro_get_frame, NULL,
+     "Until the first send, a frame where it would start; then None (it has no frame)", NULL},
+#if PY_VERSION_HEX >= 0x030F0000
+    {"cr_state", coro_get_state, NULL, NULL, NULL},
+#endif
     {"cr_code", coro_get_none, NULL, "None: this coroutine has no code object", NULL},
     {"__name__", coro_get_name, NULL, NULL, NULL},
     {"__qualname__", coro_get_name, NULL, NULL, NULL},

@@ -32,6 +32,13 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 #: ``BUCKETIMER_SLOW_TESTS=1`` selects the long profiles of these tests.
 SLOW = os.environ.get("BUCKETIMER_SLOW_TESTS") == "1"
 
+#: How many times slower than a native machine this run may be: ``nox -s
+#: emulated-arm64`` sets ``BUCKETIMER_TEST_TIME_SCALE`` (qemu-user runs Python
+#: code 5-30x slower).  It scales pytest-timeout's hang guards (conftest.py)
+#: and the delays a test needs to outlast its own setup, nothing a test
+#: asserts about time.
+TIME_SCALE = max(1.0, float(os.environ.get("BUCKETIMER_TEST_TIME_SCALE") or 1))
+
 
 def examples(default: int, slow: int) -> settings:
     """Hypothesis settings: ``default`` examples, or ``slow`` ones when

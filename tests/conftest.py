@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from _helpers import TIME_SCALE, destroy_cffi_core, wait_until
 from _helpers import cffi_core as _new_cffi_core
-from _helpers import destroy_cffi_core, wait_until
 from hypothesis import HealthCheck, settings
 
 import bucketimer
@@ -80,13 +80,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
 
 
-#: How many times slower than a native machine this run may be: ``nox -s
-#: emulated-arm64`` sets ``BUCKETIMER_TEST_TIME_SCALE`` (qemu-user runs Python
-#: code 5-30x slower).  It scales pytest-timeout's hang guards (the ini's
-#: ``timeout`` and each ``timeout`` mark), nothing a test asserts about time.
-TIME_SCALE = max(1.0, float(os.environ.get("BUCKETIMER_TEST_TIME_SCALE") or 1))
-
-
+# TIME_SCALE (_helpers.py) scales the hang guards: the ini's ``timeout`` and
+# each ``timeout`` mark.
 def _scale_hang_guard(config: pytest.Config, item: pytest.Item) -> None:
     mark = item.get_closest_marker("timeout")
     if mark is not None:

@@ -4,7 +4,7 @@ import asyncio
 import contextvars
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Final, Generic, Self, TypeVar, TypeVarTuple, Unpack, final
 
 from typing_extensions import disjoint_base
@@ -194,9 +194,12 @@ if sys.version_info >= (3, 12):
         @property
         def cr_suspended(self) -> bool: ...
         @property
-        def cr_frame(self) -> None: ...
+        def cr_frame(self) -> FrameType | None: ...
         @property
         def cr_code(self) -> None: ...
+        if sys.version_info >= (3, 15):
+            @property
+            def cr_state(self) -> str: ...
         __name__: str
         __qualname__: str
         def __await__(self) -> Generator[Any, None, _T]: ...

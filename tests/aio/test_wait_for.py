@@ -6,6 +6,7 @@ coroutine has to get right (its messages, attributes and protocol).
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import pytest
 from _impls import PY312
@@ -305,6 +306,63 @@ def test_wait_for_timeout_error_chain_inside_except(t, run):
 
 # -- bucketimer specifics (not in the reference) --------------------------------------------
 
+def test_wait_for_coroutine_states(t, run):
+    """inspect.getcoroutinestate() through a wait_for's life: the C
+    coroutine has no frame, but reports its states as asyncio's does."""
+    states = []
+
+    async def work(outer):
+        states.append(inspect.getcoroutinestate(outer[0]))
+        await asyncio.sleep(0)
+        return 1
+
+    async def main():
+        outer = []
+        c = t.wait_for(work(outer), 5)
+        outer.append(c)
+        states.append(inspect.getcoroutinestate(c))
+        task = asyncio.ensure_future(c)
+        await asyncio.sleep(0)
+        states.append(inspect.getcoroutinestate(c))
+        assert await task == 1
+        states.append(inspect.getcoroutinestate(c))
+        inner = work([None])
+        c = t.wait_for(inner, 5)
+        c.close()
+        states.append(inspect.getcoroutinestate(c))
+        inner.close()
+
+    run(main())
+    # 3.11's wait_for runs the coroutine in a task of its own
+    in_work = inspect.CORO_RUNNING if PY312 else inspect.CORO_SUSPENDED
+    assert states == [inspect.CORO_CREATED, in_work, inspect.CORO_SUSPENDED, inspect.CORO_CLOSED,
+                      inspect.CORO_CLOSED]
+
+
+@pytest.mark.parametrize("where", ["suspended", "before the start"])
+def test_wait_for_throw_of_a_class_inside_except(t, run, where):
+    """throw(ValueError) (the class) from inside an ``except`` block raises
+    a ValueError made where the coroutine waits: the caller's handled
+    exception is not its __context__ (as for asyncio's coroutine)."""
+
+    async def main():
+        fut = asyncio.get_running_loop().create_future()
+        c = t.wait_for(fut, 5)
+        if where == "suspended":
+            c.send(None)
+        try:
+            raise KeyError("the caller's")
+        except KeyError:
+            with pytest.raises(ValueError) as ei:
+                c.throw(ValueError)
+        fut.cancel()
+        return ei.value
+
+    exc = run(main())
+    assert type(exc) is ValueError and exc.args == ()
+    assert exc.__context__ is None and exc.__cause__ is None
+
+
 @pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
 @pytest.mark.native
 def test_c_wait_for_matches_asyncio_messages_and_attributes():
@@ -329,7 +387,7 @@ def test_c_wait_for_matches_asyncio_messages_and_attributes():
                     msgs.append(str(e))
         fut = asyncio.get_running_loop().create_future()
         c = aio.wait_for(fut, 5)
-        attrs = [c.cr_await, c.cr_running, c.cr_frame, c.__name__]
+        attrs = [c.cr_await, c.cr_running, c.cr_frame.f_code.co_name, c.__name__]
         c.send(None)
         attrs.append(c.cr_await is not None)
         c.close()
@@ -345,7 +403,7 @@ def test_c_wait_for_matches_asyncio_messages_and_attributes():
     assert msgs[4] == msgs[5] and "coroutine" in msgs[4]
     for c in made:
         c.close()
-    assert attrs == [None, False, None, "wait_for", True, None]
+    assert attrs == [None, False, "wait_for", "wait_for", True, None]
 
 @pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")
 def test_c_wait_for_never_awaited_warns():

@@ -42,7 +42,7 @@ import time
 from collections import Counter
 
 import pytest
-from _helpers import Recorder, examples, fd_count, var, wait_until
+from _helpers import TIME_SCALE, Recorder, examples, fd_count, var, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -81,7 +81,8 @@ BAD_CALLS = [
 def test_bad_input_raises_and_changes_nothing(tt, call, exc):
     sentinel = Recorder("sentinel")
     keeper = Recorder("keeper")
-    hs = tt.call_later(0.03, sentinel)
+    # due after the checks below, however slow this machine (an emulated one)
+    hs = tt.call_later(0.03 * TIME_SCALE, sentinel)
     hk = tt.call_later(30, keeper)
     before = tt.stats()
     with pytest.raises(exc):

@@ -382,6 +382,43 @@ def test_loop_callback_that_raises_goes_to_the_exception_handler(tt, new_loop):
     assert "boom" in ours["message"]
 
 
+@pytest.mark.native
+def test_a_callback_that_rebinds_its_ports_on_error_then_raises(tt, run):
+    """The port's ``on_error`` is a writable attribute (the Python side sets
+    it); a callback may rebind it, dropping the reporter's last reference,
+    and then raise.  The report goes to the reporter the port had when the
+    callback began, which drain keeps alive for it."""
+    reports = []
+
+    def reporter(tag):
+        return lambda handle, exc: reports.append((tag, handle, exc))
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        far = tt.call_later(30, lambda: None)  # opens this loop's port
+        port = tt._ports[loop]
+        port.on_error = reporter("first")
+        done = asyncio.Event()
+
+        def rebind_and_raise(tag):
+            port.on_error = reporter(tag)
+            [(i, i) for i in range(100)]  # reuses what was freed, if it was
+            loop.call_soon(done.set)
+            raise ValueError(tag)
+
+        h = tt.call_later(0, rebind_and_raise, "second")
+        await done.wait()
+        done.clear()
+        h2 = tt.call_later(0, rebind_and_raise, "third")
+        await done.wait()
+        assert far.cancel() is True
+        return h, h2
+
+    h, h2 = run(main)
+    assert [(tag, handle, str(exc)) for tag, handle, exc in reports] == [
+        ("first", h, "second"), ("second", h2, "third")]
+
+
 def test_dispatcher_callbacks_cancel_themselves_others_and_schedule_more(tt):
     results = {}
     done = threading.Event()

@@ -9,6 +9,7 @@ whichever backend serves it -- C on the native backend and Python 3.12+
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import sys
 import warnings
@@ -346,6 +347,124 @@ def test_send_throw_and_close_reach_the_handler(tt: bucketimer.TimerThread) -> N
     assert log == [("sent", "a"), ("caught", "k", True), ("closed", True)]
     stats = tt.stats()
     assert stats["scheduled"] == 3 and stats["cancelled"] == 3 and stats["fired"] == 0
+
+
+def test_the_coroutine_states(tt: bucketimer.TimerThread) -> None:
+    """inspect.getcoroutinestate() through a call's life: the C coroutine
+    has no frame, but reports its states as ``both_coro`` does."""
+    states: list[str] = []
+    outer: list[Any] = []
+
+    async def behavior(req: bytes, ctx: Any) -> bytes:
+        states.append(inspect.getcoroutinestate(outer[0]))
+        await asyncio.sleep(0)
+        return req
+
+    w = _wrapper(behavior, tt, 5.0, 3.0)
+
+    async def main() -> None:
+        c = w(b"r", StandIn(None))
+        outer.append(c)
+        states.append(inspect.getcoroutinestate(c))
+        task = asyncio.ensure_future(c)
+        await asyncio.sleep(0)
+        states.append(inspect.getcoroutinestate(c))
+        assert await task == b"r"
+        states.append(inspect.getcoroutinestate(c))
+        c = w(b"r", StandIn(None))
+        c.close()
+        states.append(inspect.getcoroutinestate(c))
+
+    _run(main)
+    assert states == [inspect.CORO_CREATED, inspect.CORO_RUNNING, inspect.CORO_SUSPENDED,
+                      inspect.CORO_CLOSED, inspect.CORO_CLOSED]
+
+
+@pytest.mark.parametrize("where", ["suspended", "before the start"])
+def test_throw_of_a_class_inside_except(tt: bucketimer.TimerThread, where: str) -> None:
+    """throw(ValueError) (the class) from inside an ``except`` block: the
+    ValueError is made where the coroutine waits, without the caller's
+    handled exception as its __context__."""
+
+    async def behavior(req: bytes, ctx: Any) -> Any:
+        return await Step()
+
+    w = _wrapper(behavior, tt, 5.0, 3.0)
+
+    async def main() -> BaseException:
+        c = w(b"r", StandIn(None))
+        if where == "suspended":
+            assert c.send(None) == "step"
+        try:
+            raise KeyError("the caller's")
+        except KeyError:
+            with pytest.raises(ValueError) as ei:
+                c.throw(ValueError)
+        return ei.value
+
+    exc = _run(main)
+    assert type(exc) is ValueError and exc.args == ()
+    assert exc.__context__ is None and exc.__cause__ is None
+
+
+@pytest.mark.parametrize("how", ["raised", "returned"])
+def test_the_variable_reset_failing_chains_as_a_finally_block(tt: bucketimer.TimerThread,
+                                                              how: str) -> None:
+    """Started in one context and ended in another, the call cannot reset
+    the deadline variable: that ValueError is raised as from the wrapper's
+    ``finally`` block, its __context__ the handler's exception if it raised
+    (else what the caller was handling), never the caller's in its place."""
+
+    async def behavior(req: bytes, ctx: Any) -> Any:
+        await Step()
+        if how == "raised":
+            raise LookupError("the handler's")
+        return req
+
+    w = _wrapper(behavior, tt, 5.0, 3.0)
+
+    async def main() -> BaseException:
+        c = w(b"r", StandIn(None))
+        assert contextvars.copy_context().run(c.send, None) == "step"
+        try:
+            raise KeyError("the caller's")
+        except KeyError:
+            with pytest.raises(ValueError, match="different Context") as ei:
+                c.send(None)
+        return ei.value
+
+    exc = _run(main)
+    context = exc.__context__
+    if how == "raised":
+        assert type(context) is LookupError and context.args == ("the handler's",)
+        context = context.__context__
+    assert type(context) is KeyError and context.args == ("the caller's",)
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C wrapper: native backend, Python 3.12+")
+def test_a_handler_cannot_change_the_fields_c_reads(tt: bucketimer.TimerThread) -> None:
+    refused: list[str] = []
+    names = ("_handle", "_ctx", "_deadline", "_source", "_task", "_start", "_ident",
+             "_first_slow", "_where")
+
+    async def behavior(req: bytes, ctx: Any) -> bytes:
+        await asyncio.sleep(0)
+        for name in names:
+            for change in (lambda n=name: delattr(ctx, n), lambda n=name: setattr(ctx, n, None)):
+                with pytest.raises(AttributeError):
+                    change()
+            refused.append(name)
+        return req + b"!"
+
+    w = _wrapper(behavior, tt, 5.0, 1.0)
+
+    async def main() -> Any:
+        return await w(b"x", StandIn(None))
+
+    assert _run(main) == b"x!"
+    assert refused == list(names)
+    stats = tt.stats()
+    assert stats["scheduled"] == stats["cancelled"] == 1
 
 
 class Step:

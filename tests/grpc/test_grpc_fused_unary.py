@@ -7,6 +7,7 @@ once").  Run on both: ``BUCKETIMER_NO_EXTENSIONS=1`` selects the pure one."""
 
 from __future__ import annotations
 
+import contextvars
 import gc
 import threading
 import time
@@ -340,3 +341,81 @@ def test_on_a_real_server(tt: bucketimer.TimerThread) -> None:
             assert r == b"hi" and dict(call.trailing_metadata())["done"] == "yes"
     assert seen == [(True, True, True, "test", 4, 4)] * 3
     assert wait_for(lambda: tt.stats()["cancelled"] == 3)
+
+
+#: the call's fields the C wrappers read: Python may read them, not change them
+C_READS = ("_handle", "_ctx", "_deadline", "_source", "_task", "_start", "_ident", "_first_slow",
+           "_where")
+
+
+@pytest.mark.native
+def test_a_handler_cannot_change_the_fields_c_reads(tt: bucketimer.TimerThread) -> None:
+    refused: list[str] = []
+
+    def behavior(req: bytes, ctx: Any) -> bytes:
+        for name in C_READS:
+            for change in (lambda n=name: delattr(ctx, n), lambda n=name: setattr(ctx, n, None)):
+                with pytest.raises(AttributeError):
+                    change()
+            refused.append(name)
+        return req + b"!"
+
+    w = _wrapper(behavior, tt, 5.0, 1.0)
+    assert w(b"x", StandIn(None)) == b"x!"
+    assert refused == list(C_READS)
+    stats = tt.stats()
+    assert stats["scheduled"] == stats["cancelled"] == 1
+
+
+@pytest.mark.native
+def test_a_stand_in_timer_thread_replaced_while_asked_if_closed(tt: bucketimer.TimerThread) -> None:
+    """The C wrapper asks a stand-in TimerThread (not the core's) whether it
+    is closed: Python code, which here calls the wrapper again, and that
+    nested call finds it closed and takes a new one from ``timers()``,
+    dropping the wrapper's reference to the first.  The outer call still
+    arms on the first, which it holds."""
+    from bucketimer import _core
+
+    made: list[weakref.ref[Any]] = []
+    armed: list[tuple[int, bytes]] = []
+
+    class StandInTimers:
+        def __init__(self, n: int) -> None:
+            self.n = n
+            self.asked = 0
+
+        @property
+        def closed(self) -> bool:
+            self.asked += 1
+            if self.n == 0 and self.asked == 1:  # the outer call's question
+                return w(b"inner", tagged(b"inner")) != b"inner"
+            return self.n == 0  # the nested call's: closed, take another
+
+        def call_at(self, when: float, fn: Any, *args: Any) -> Any:
+            armed.append((self.n, args[0]._ctx.tag))
+            return tt.call_at(when, fn, *args)
+
+    def timers() -> StandInTimers:
+        s = StandInTimers(len(made))
+        made.append(weakref.ref(s))  # the wrapper holds the only reference
+        return s
+
+    def tagged(tag: bytes) -> StandIn:
+        ctx = StandIn(1.0)
+        ctx.tag = tag  # type: ignore[attr-defined]
+        return ctx
+
+    def behavior(req: bytes, ctx: Any) -> bytes:
+        return req
+
+    call_type = _wrapper(behavior, tt, 5.0, 3.0).call_type
+    w = _core.GrpcUnary(call_type, behavior, contextvars.ContextVar("d"), timers, 5.0, 3.0)
+    assert w(b"first", tagged(b"first")) == b"first"  # timers() -> stand-in 0
+    assert w(b"outer", tagged(b"outer")) == b"outer"
+    # stand-in 0 armed the first call and, though replaced meanwhile, the
+    # outer one; stand-in 1 the nested call
+    assert armed == [(0, b"first"), (1, b"inner"), (0, b"outer")]
+    gc.collect()
+    assert [r() is None for r in made] == [True, False]
+    stats = tt.stats()
+    assert stats["scheduled"] == stats["cancelled"] == 3
