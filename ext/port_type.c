@@ -27,6 +27,25 @@ static void Port_dealloc(PortObject *self) {
     Py_DECREF(tp);
 }
 
+/* Runs h as ext_handle_run does, and if it held this thread slow_after
+ * seconds or longer, tells on_slow once it has returned (asyncio's
+ * slow_callback_duration; docs/design.rst, "Delivery"). */
+static int run_timed(PortObject *self, HandleObject *h) {
+    PyObject *cb = Py_XNewRef(h->callback), *args = Py_XNewRef(h->args);
+    int64_t t0 = bt_now_ns();
+    int rc = ext_handle_run(h, self->on_error, 0);
+    double took = (double)(bt_now_ns() - t0) / 1e9;
+    if (rc == 0 && cb && took >= self->slow_after) {
+        PyObject *r = PyObject_CallFunction(self->on_slow, "OOdd", cb, args ? args : Py_None,
+                                            took, self->slow_after);
+        if (r) Py_DECREF(r);
+        else PyErr_WriteUnraisable(self->on_slow);
+    }
+    Py_XDECREF(cb);
+    Py_XDECREF(args);
+    return rc;
+}
+
 /* Runs every timer posted to this port.  The eventfd is acked first; a
  * timer cancelled after it was posted is released without running (its
  * cancel() already dropped the slot's reference).  If a callback raises
@@ -46,7 +65,8 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
         }
         /* The slot's reference to h is ours now. */
         bt_timer_release(self->port, t);
-        int rc = ext_handle_run(h, self->on_error, drop);
+        int timed = !drop && self->on_slow && self->on_slow != Py_None;
+        int rc = timed ? run_timed(self, h) : ext_handle_run(h, self->on_error, drop);
         Py_DECREF(h);
         ran++;
         if (rc < 0) {
@@ -129,6 +149,11 @@ static PyMemberDef Port_members[] = {
     {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PortObject, weakreflist), Py_READONLY, NULL},
     {"on_error", Py_T_OBJECT_EX, offsetof(PortObject, on_error), 0,
      "on_error(handle, exc): called when a callback raises."},
+    {"on_slow", Py_T_OBJECT_EX, offsetof(PortObject, on_slow), 0,
+     "on_slow(callback, args, seconds, slow_after): called after a callback that ran "
+     "slow_after seconds or longer; None (the default) times nothing."},
+    {"slow_after", Py_T_DOUBLE, offsetof(PortObject, slow_after), 0,
+     "The seconds a callback may run before on_slow is told."},
     {NULL}};
 
 static PyType_Slot Port_slots[] = {
@@ -156,6 +181,8 @@ PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int 
     self->tt = (TimerThreadObject *)Py_NewRef(tt);
     self->loop = Py_NewRef(loop);
     self->on_error = Py_NewRef(Py_None);
+    self->on_slow = Py_NewRef(Py_None);
+    self->slow_after = 0.1;
     self->drop = drop;
     atomic_init(&self->draining, 0);
     self->weakreflist = NULL;
