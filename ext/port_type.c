@@ -35,11 +35,15 @@ static int run_timed(PortObject *self, HandleObject *h) {
     int64_t t0 = bt_now_ns();
     int rc = ext_handle_run(h, self->on_error, 0);
     double took = (double)(bt_now_ns() - t0) / 1e9;
-    if (rc == 0 && cb && took >= self->slow_after) {
-        PyObject *r = PyObject_CallFunction(self->on_slow, "OOdd", cb, args ? args : Py_None,
-                                            took, self->slow_after);
+    /* The callback may have set on_slow (to None, too) meanwhile. */
+    PyObject *on_slow = self->on_slow;
+    if (rc == 0 && cb && on_slow && on_slow != Py_None && took >= self->slow_after) {
+        Py_INCREF(on_slow);
+        PyObject *r = PyObject_CallFunction(on_slow, "OOdd", cb, args ? args : Py_None, took,
+                                            self->slow_after);
         if (r) Py_DECREF(r);
-        else PyErr_WriteUnraisable(self->on_slow);
+        else PyErr_WriteUnraisable(on_slow);
+        Py_DECREF(on_slow);
     }
     Py_XDECREF(cb);
     Py_XDECREF(args);
