@@ -29,12 +29,15 @@ static void Port_dealloc(PortObject *self) {
 
 /* Runs h as ext_handle_run does, and if it held this thread slow_after
  * seconds or longer, tells on_slow once it has returned (asyncio's
- * slow_callback_duration; docs/design.rst, "Delivery"). */
-static int run_timed(PortObject *self, HandleObject *h) {
+ * slow_callback_duration; docs/design.rst, "Delivery").  *mark is the clock
+ * when the drain took h (the end of the previous callback): one read of the
+ * clock per callback. */
+static int run_timed(PortObject *self, HandleObject *h, int64_t *mark) {
     PyObject *cb = Py_XNewRef(h->callback), *args = Py_XNewRef(h->args);
-    int64_t t0 = bt_now_ns();
     int rc = ext_handle_run(h, self->on_error, 0);
-    double took = (double)(bt_now_ns() - t0) / 1e9;
+    int64_t now = bt_now_ns();
+    double took = (double)(now - *mark) / 1e9;
+    *mark = now;
     /* The callback may have set on_slow (to None, too) meanwhile. */
     PyObject *on_slow = self->on_slow;
     if (rc == 0 && cb && on_slow && on_slow != Py_None && took >= self->slow_after) {
@@ -44,6 +47,7 @@ static int run_timed(PortObject *self, HandleObject *h) {
         if (r) Py_DECREF(r);
         else PyErr_WriteUnraisable(on_slow);
         Py_DECREF(on_slow);
+        *mark = bt_now_ns(); /* the report's time is not the next callback's */
     }
     Py_XDECREF(cb);
     Py_XDECREF(args);
@@ -58,6 +62,8 @@ static int run_timed(PortObject *self, HandleObject *h) {
 static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
     if (atomic_exchange(&self->draining, 1)) return PyLong_FromLong(0); /* re-entered */
     int drop = drop_all || self->drop;
+    int timed = !drop && self->on_slow && self->on_slow != Py_None;
+    int64_t mark = timed ? bt_now_ns() : 0;
     bt_port_ack(self->port);
     long ran = 0;
     bt_timer *t;
@@ -69,8 +75,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
         }
         /* The slot's reference to h is ours now. */
         bt_timer_release(self->port, t);
-        int timed = !drop && self->on_slow && self->on_slow != Py_None;
-        int rc = timed ? run_timed(self, h) : ext_handle_run(h, self->on_error, drop);
+        int rc = timed ? run_timed(self, h, &mark) : ext_handle_run(h, self->on_error, drop);
         Py_DECREF(h);
         ran++;
         if (rc < 0) {

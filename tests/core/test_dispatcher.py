@@ -74,13 +74,13 @@ def test_slow_callback_duration_is_per_timer_thread_and_settable(
         _run_then_wait(tt, (time.sleep, 0.15))
         assert _slow_records(caplog) == []
         # set while its dispatcher runs: the next callback is timed against it
-        tt.slow_callback_duration = 0.02
-        _run_then_wait(tt, (time.sleep, 0.01), (time.sleep, 0.05))
+        tt.slow_callback_duration = 0.05
+        _run_then_wait(tt, (int,), (time.sleep, 0.1))
         (record,) = _slow_records(caplog)
-        assert record.timer_callback == "sleep(0.05)"  # type: ignore[attr-defined]
-        assert record.timer_threshold == 0.02  # type: ignore[attr-defined]
+        assert record.timer_callback == "sleep(0.1)"  # type: ignore[attr-defined]
+        assert record.timer_threshold == 0.05  # type: ignore[attr-defined]
         tt.slow_callback_duration = math.inf
-        _run_then_wait(tt, (time.sleep, 0.05))
+        _run_then_wait(tt, (time.sleep, 0.1))
         assert len(_slow_records(caplog)) == 1
     with bucketimer.TimerThread() as default:
         assert default.slow_callback_duration == 0.1
