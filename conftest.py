@@ -148,6 +148,5 @@ def _setup(namespace: dict[str, Any]) -> None:
 pytest_collect_file = Sybil(
     parsers=[ProgramParser(), SkipParser()],
     patterns=["*.rst"],
-    excludes=["_build/*"],
     setup=_setup,
 ).pytest()

@@ -11,6 +11,8 @@
  */
 #include "module.h"
 
+#include <time.h>
+
 /* ---- Port --------------------------------------------------------------- */
 
 EXT_GC_TRAVERSE(Port, PortObject, PORT_REFS)
@@ -27,6 +29,15 @@ static void Port_dealloc(PortObject *self) {
     Py_DECREF(tp);
 }
 
+/* The clock a callback is timed on: CLOCK_MONOTONIC_COARSE, a read of the
+ * kernel's last tick (its resolution, 1-4 ms, is far below any threshold
+ * worth logging, and it costs a few ns where a precise read costs tens). */
+static int64_t coarse_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* Runs h as ext_handle_run does, and if it held this thread slow_after
  * seconds or longer, tells on_slow once it has returned (asyncio's
  * slow_callback_duration; docs/design.rst, "Delivery").  *mark is the clock
@@ -35,7 +46,7 @@ static void Port_dealloc(PortObject *self) {
 static int run_timed(PortObject *self, HandleObject *h, int64_t *mark) {
     PyObject *cb = Py_XNewRef(h->callback), *args = Py_XNewRef(h->args);
     int rc = ext_handle_run(h, self->on_error, 0);
-    int64_t now = bt_now_ns();
+    int64_t now = coarse_now_ns();
     double took = (double)(now - *mark) / 1e9;
     *mark = now;
     /* The callback may have set on_slow (to None, too) meanwhile. */
@@ -47,7 +58,7 @@ static int run_timed(PortObject *self, HandleObject *h, int64_t *mark) {
         if (r) Py_DECREF(r);
         else PyErr_WriteUnraisable(on_slow);
         Py_DECREF(on_slow);
-        *mark = bt_now_ns(); /* the report's time is not the next callback's */
+        *mark = coarse_now_ns(); /* the report's time is not the next callback's */
     }
     Py_XDECREF(cb);
     Py_XDECREF(args);
@@ -63,7 +74,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
     if (atomic_exchange(&self->draining, 1)) return PyLong_FromLong(0); /* re-entered */
     int drop = drop_all || self->drop;
     int timed = !drop && self->on_slow && self->on_slow != Py_None;
-    int64_t mark = timed ? bt_now_ns() : 0;
+    int64_t mark = timed ? coarse_now_ns() : 0;
     bt_port_ack(self->port);
     long ran = 0;
     bt_timer *t;

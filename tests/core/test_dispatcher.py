@@ -40,7 +40,9 @@ def test_a_slow_callback_is_logged_once(
     assert record.name == "bucketimer"
     assert record.threadName == "bucketimer-dispatcher"
     assert record.timer_callback == "sleep(0.15)"  # type: ignore[attr-defined]
-    assert 0.15 <= record.timer_elapsed <= time.monotonic() - started  # type: ignore[attr-defined]
+    # the native port times on CLOCK_MONOTONIC_COARSE: a tick (1-4 ms) either way
+    elapsed: float = record.timer_elapsed  # type: ignore[attr-defined]
+    assert 0.145 <= elapsed <= time.monotonic() - started + 0.005
     assert record.timer_threshold == 0.1  # type: ignore[attr-defined]
     message = record.getMessage()
     assert "sleep(0.15) took 0.1" in message and "dispatcher thread" in message
