@@ -89,7 +89,7 @@ def tests_debug(session: nox.Session) -> None:
     _pytest(session)
 
 
-LINT_PATHS = ["src", "tests", "benchmarks", "tools", "docs/examples", "noxfile.py"]
+LINT_PATHS = ["src", "tests", "benchmarks", "tools", "docs/examples", "noxfile.py", "conftest.py"]
 
 
 @nox.session(python="3.11")

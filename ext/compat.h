@@ -31,6 +31,7 @@
 #include <structmember.h>
 #define Py_T_PYSSIZET T_PYSSIZET
 #define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_T_DOUBLE T_DOUBLE
 #define Py_READONLY READONLY
 static inline PyObject *PyErr_GetRaisedException(void) {
     PyObject *t, *v, *tb;

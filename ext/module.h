@@ -147,9 +147,13 @@ typedef struct {
     PyObject *on_error;    /* on_error(handle, exc), or None */
     int drop;              /* drain releases without running (orphans) */
     _Atomic int draining;
+    /* on_slow(callback, args, seconds, slow_after): called after a callback that ran
+     * slow_after seconds or longer (None: callbacks are not timed). */
+    PyObject *on_slow;
+    double slow_after;
     PyObject *weakreflist;
 } PortObject;
-#define PORT_REFS(X) X(loop) X(on_error) X(tt)
+#define PORT_REFS(X) X(loop) X(on_error) X(on_slow) X(tt)
 
 typedef struct {
     PyObject_HEAD

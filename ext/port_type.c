@@ -11,6 +11,8 @@
  */
 #include "module.h"
 
+#include <time.h>
+
 /* ---- Port --------------------------------------------------------------- */
 
 EXT_GC_TRAVERSE(Port, PortObject, PORT_REFS)
@@ -27,6 +29,42 @@ static void Port_dealloc(PortObject *self) {
     Py_DECREF(tp);
 }
 
+/* The clock a callback is timed on: CLOCK_MONOTONIC_COARSE, a read of the
+ * kernel's last tick (its resolution, 1-4 ms, is far below any threshold
+ * worth logging, and it costs a few ns where a precise read costs tens). */
+static int64_t coarse_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Runs h as ext_handle_run does, and if it held this thread slow_after
+ * seconds or longer, tells on_slow once it has returned (asyncio's
+ * slow_callback_duration; docs/design.rst, "Delivery").  *mark is the clock
+ * when the drain took h (the end of the previous callback): one read of the
+ * clock per callback. */
+static int run_timed(PortObject *self, HandleObject *h, PyObject *on_error, int64_t *mark) {
+    PyObject *cb = Py_XNewRef(h->callback), *args = Py_XNewRef(h->args);
+    int rc = ext_handle_run(h, on_error, 0);
+    int64_t now = coarse_now_ns();
+    double took = (double)(now - *mark) / 1e9;
+    *mark = now;
+    /* The callback may have set on_slow (to None, too) meanwhile. */
+    PyObject *on_slow = self->on_slow;
+    if (rc == 0 && cb && on_slow && on_slow != Py_None && took >= self->slow_after) {
+        Py_INCREF(on_slow);
+        PyObject *r = PyObject_CallFunction(on_slow, "OOdd", cb, args ? args : Py_None, took,
+                                            self->slow_after);
+        if (r) Py_DECREF(r);
+        else PyErr_WriteUnraisable(on_slow);
+        Py_DECREF(on_slow);
+        *mark = coarse_now_ns(); /* the report's time is not the next callback's */
+    }
+    Py_XDECREF(cb);
+    Py_XDECREF(args);
+    return rc;
+}
+
 /* Runs every timer posted to this port.  The eventfd is acked first; a
  * timer cancelled after it was posted is released without running (its
  * cancel() already dropped the slot's reference).  If a callback raises
@@ -35,6 +73,8 @@ static void Port_dealloc(PortObject *self) {
 static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
     if (atomic_exchange(&self->draining, 1)) return PyLong_FromLong(0); /* re-entered */
     int drop = drop_all || self->drop;
+    int timed = !drop && self->on_slow && self->on_slow != Py_None;
+    int64_t mark = timed ? coarse_now_ns() : 0;
     bt_port_ack(self->port);
     long ran = 0;
     bt_timer *t;
@@ -49,7 +89,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
         /* on_error is a writable member: the callback may rebind it before
          * it raises, so the report needs a reference of its own. */
         PyObject *on_error = Py_XNewRef(self->on_error);
-        int rc = ext_handle_run(h, on_error, drop);
+        int rc = timed ? run_timed(self, h, on_error, &mark) : ext_handle_run(h, on_error, drop);
         Py_XDECREF(on_error);
         Py_DECREF(h);
         ran++;
@@ -133,6 +173,11 @@ static PyMemberDef Port_members[] = {
     {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(PortObject, weakreflist), Py_READONLY, NULL},
     {"on_error", Py_T_OBJECT_EX, offsetof(PortObject, on_error), 0,
      "on_error(handle, exc): called when a callback raises."},
+    {"on_slow", Py_T_OBJECT_EX, offsetof(PortObject, on_slow), 0,
+     "on_slow(callback, args, seconds, slow_after): called after a callback that ran "
+     "slow_after seconds or longer; None (the default) times nothing."},
+    {"slow_after", Py_T_DOUBLE, offsetof(PortObject, slow_after), 0,
+     "The seconds a callback may run before on_slow is told."},
     {NULL}};
 
 static PyType_Slot Port_slots[] = {
@@ -160,6 +205,8 @@ PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int 
     self->tt = (TimerThreadObject *)Py_NewRef(tt);
     self->loop = Py_NewRef(loop);
     self->on_error = Py_NewRef(Py_None);
+    self->on_slow = Py_NewRef(Py_None);
+    self->slow_after = 0.1;
     self->drop = drop;
     atomic_init(&self->draining, 0);
     self->weakreflist = NULL;

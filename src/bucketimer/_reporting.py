@@ -1,11 +1,14 @@
 """How a failing timer callback is reported, on either backend: to its loop's
 exception handler exactly as asyncio reports a failing handle, or (no loop)
-on the ``bucketimer`` logger."""
+on the ``bucketimer`` logger; and what the dispatcher thread reports on that
+logger: a callback that held it too long, timers dropped at exit."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import numbers
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -39,3 +42,45 @@ def loop_reporter(loop: asyncio.AbstractEventLoop) -> Callable[[Any, BaseExcepti
         report_to_loop(loop, handle, exc)
 
     return report
+
+
+#: ``TimerThread.slow_callback_duration``'s default, as asyncio's loop's.
+SLOW_CALLBACK_DURATION = 0.1
+
+
+def check_slow_callback_duration(value: object) -> float | None:
+    """``slow_callback_duration`` as given (seconds, or None: never report),
+    checked as every delay is."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"slow_callback_duration must be a number of seconds or None, "
+            f"not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"slow_callback_duration must be >= 0 seconds, not {value!r}")
+    return seconds
+
+
+def report_slow_callback(callback: object, args: tuple[Any, ...] | None, seconds: float,
+                         threshold: float) -> None:
+    """A no-loop callback held the dispatcher thread ``seconds``: one WARNING
+    once it returned (the other no-loop timers of its TimerThread waited)."""
+    what = describe_callback(callback, args or ())
+    logger.warning(
+        "Executing timer callback %s took %.3f seconds on the bucketimer dispatcher thread; "
+        "no-loop timers share that thread: run blocking work elsewhere (e.g. an executor)",
+        what, seconds,
+        extra={"timer_callback": what, "timer_elapsed": seconds, "timer_threshold": threshold},
+    )
+
+
+def report_dropped_at_exit(count: int) -> None:
+    """What the interpreter's exit dropped of the timers that belong to no loop."""
+    if count:
+        logger.warning(
+            "%d pending timer%s dropped at exit without running (no-loop timers run on a "
+            "daemon thread: wait for the ones that must run before the program ends)",
+            count, "" if count == 1 else "s", extra={"timer_dropped": count},
+        )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import math
 import os
 import select
 import threading
@@ -23,8 +24,10 @@ from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
 
 from . import _core
-from ._reporting import logger
+from ._reporting import SLOW_CALLBACK_DURATION, logger, report_dropped_at_exit
+from ._reporting import check_slow_callback_duration as _check_slow
 from ._reporting import loop_reporter as _make_loop_reporter
+from ._reporting import report_slow_callback as _report_slow
 from ._reporting import report_to_log as _report_to_log
 from ._stats import Stats
 
@@ -38,18 +41,23 @@ Handle = _core.Handle
 class TimerThread(_core.TimerThread):
     """One native timer thread and the timers it keeps.
 
-    ``TimerThread(buckets=13, *, drain_threshold=4096)`` starts the thread
-    (the defaults are ``_core.DEFAULT_BUCKETS`` and
-    ``_core.DEFAULT_DRAIN_THRESHOLD``).
+    ``TimerThread(buckets=13, *, drain_threshold=4096,
+    slow_callback_duration=0.1)`` starts the thread (the defaults are
+    ``_core.DEFAULT_BUCKETS`` and ``_core.DEFAULT_DRAIN_THRESHOLD``).
     Schedule from any thread with :meth:`call_later` / :meth:`call_at`; a
     timer scheduled inside a running event loop (or with ``loop=``) runs in
-    that loop's thread, any other on this TimerThread's dispatcher thread.
-    :meth:`close` stops the thread; pending timers are dropped, never called.
+    that loop's thread, any other on this TimerThread's one dispatcher
+    thread, where a callback that runs ``slow_callback_duration`` seconds or
+    longer is logged.  :meth:`close` stops the thread; pending timers are
+    dropped, never called.
     """
 
     def __init__(self, buckets: int = _core.DEFAULT_BUCKETS, *,
-                 drain_threshold: int = _core.DEFAULT_DRAIN_THRESHOLD) -> None:
+                 drain_threshold: int = _core.DEFAULT_DRAIN_THRESHOLD,
+                 slow_callback_duration: float | None = SLOW_CALLBACK_DURATION) -> None:
+        slow = _check_slow(slow_callback_duration)
         super().__init__(buckets, drain_threshold=drain_threshold)
+        self._slow_after = slow
         self._lock = threading.RLock()
         self._orphan_port: _core.Port | None = None
         self._thread: threading.Thread | None = None
@@ -57,6 +65,20 @@ class TimerThread(_core.TimerThread):
         self._closing = False
         self._pid = os.getpid()
         _live.add(self)
+
+    @property
+    def slow_callback_duration(self) -> float | None:
+        """Seconds a no-loop callback may hold the dispatcher thread before
+        it is logged (a WARNING on the ``bucketimer`` logger once it
+        returns); None logs none.  Settable at any time."""
+        return self._slow_after
+
+    @slow_callback_duration.setter
+    def slow_callback_duration(self, value: float | None) -> None:
+        self._slow_after = _check_slow(value)
+        with self._lock:
+            if self._dispatcher is not None:
+                _time_callbacks(self._dispatcher, self._slow_after)
 
     # -- where timers go ---------------------------------------------------
 
@@ -70,6 +92,7 @@ class TimerThread(_core.TimerThread):
                 raise RuntimeError("TimerThread is closed")
             if loop is None:
                 port.on_error = _report_to_log
+                _time_callbacks(port, self._slow_after)
                 self._start_dispatcher(port)
                 return
             port.on_error = _make_loop_reporter(loop)
@@ -248,6 +271,13 @@ class TimerThread(_core.TimerThread):
         return f"<bucketimer.TimerThread {state} ports={len(self._ports)}>"
 
 
+def _time_callbacks(port: _core.Port, slow_after: float | None) -> None:
+    """The dispatcher's port times each callback against ``slow_after``
+    (None: times none, at no cost)."""
+    port.slow_after = math.inf if slow_after is None else slow_after
+    port.on_slow = None if slow_after is None else _report_slow
+
+
 def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
     fd = port.fileno()
     if fd >= 0 and not loop.is_closed():
@@ -342,11 +372,16 @@ _EXIT_JOIN_BUDGET = 0.2
 
 def _close_all_at_exit() -> None:
     deadline = time.monotonic() + _EXIT_JOIN_BUDGET
+    dropped = 0
     for tt in list(_live):
         try:
+            dispatcher = None if tt.closed else tt._dispatcher
+            if dispatcher is not None:  # the no-loop timers this exit drops
+                dropped += dispatcher.cancel_pending()
             tt._close(join_timeout=max(0.0, deadline - time.monotonic()))
         except Exception:  # pragma: no cover - best effort at exit
             pass
+    report_dropped_at_exit(dropped)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -28,6 +28,10 @@ def timers(tt: TimerThread) -> None:
     tt.call_later(1.5, takes, "a", 1)  # type: ignore[arg-type]
     tt.call_later(1.5, takes, 1)  # type: ignore[arg-type]
     tt.call_later("soon", takes, 1, "a")  # type: ignore[arg-type]
+    assert_type(tt.slow_callback_duration, float | None)
+    tt.slow_callback_duration = None
+    TimerThread(slow_callback_duration=0.5)
+    tt.slow_callback_duration = "slow"  # type: ignore[assignment]
 
 
 async def helpers() -> str:

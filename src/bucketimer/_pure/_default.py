@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVarTuple, Unpack
 
+from .._reporting import report_dropped_at_exit
 from ._handle import Handle
 from ._scheduler import _live
 from ._timer_thread import TimerThread
@@ -66,8 +67,10 @@ _EXIT_JOIN_BUDGET = 0.2
 
 def _close_all_at_exit() -> None:
     deadline = time.monotonic() + _EXIT_JOIN_BUDGET
+    dropped = 0
     for sched in list(_live):
-        sched.close(join_timeout=max(0.0, deadline - time.monotonic()))
+        dropped += sched.close(join_timeout=max(0.0, deadline - time.monotonic()))
+    report_dropped_at_exit(dropped)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -11,12 +11,14 @@ while a timer waits in the batch still wins.
 from __future__ import annotations
 
 import asyncio
+import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._reporting import loop_reporter, report_to_log
+from .._reporting import loop_reporter, report_slow_callback, report_to_log
 
 if TYPE_CHECKING:
     from ._handle import Handle
@@ -29,6 +31,10 @@ class Outbox:
     """Runs batches of due timers; subclasses say where."""
 
     loop: asyncio.AbstractEventLoop | None = None
+    # on_slow(callback, args, seconds, threshold) after a callback that ran
+    # slow_after seconds or longer; None: callbacks are not timed.
+    on_slow: Callable[[object, tuple[Any, ...] | None, float, float], None] | None = None
+    slow_after = math.inf
 
     def __init__(self, sched: Scheduler, report: Callable[[Any, BaseException], None]) -> None:
         self._sched = sched
@@ -45,6 +51,9 @@ class Outbox:
         for i, handle in enumerate(batch):
             if not self._sched.claim(handle):
                 continue
+            on_slow = self.on_slow
+            if on_slow is not None:
+                callback, args, start = handle._callback, handle._args, time.monotonic()
             try:
                 handle._run()
             except (SystemExit, KeyboardInterrupt):
@@ -54,6 +63,10 @@ class Outbox:
                 self._report(handle, exc)
             finally:
                 handle._release()
+            if on_slow is not None:
+                took = time.monotonic() - start
+                if took >= self.slow_after:
+                    on_slow(callback, args, took, self.slow_after)
 
     def _resubmit(self, rest: Batch) -> None:
         """What a KeyboardInterrupt/SystemExit from a callback leaves of the
@@ -96,6 +109,11 @@ class DispatcherOutbox(Outbox):
         self._start()
         self._queue.put(batch)
         return True
+
+    def time_callbacks(self, slow_after: float | None) -> None:
+        """Times each callback against ``slow_after`` (None: times none)."""
+        self.slow_after = math.inf if slow_after is None else slow_after
+        self.on_slow = None if slow_after is None else report_slow_callback
 
     def _start(self) -> None:
         with self._start_lock:

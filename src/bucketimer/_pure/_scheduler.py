@@ -58,6 +58,11 @@ class Scheduler:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def dispatcher(self) -> DispatcherOutbox:
+        """Where this scheduler's timers of no loop run."""
+        return self._dispatcher
+
     # -- scheduling and cancelling (any thread) ----------------------------------
 
     def schedule(self, deadline_ns: int, when: float, callback: Callable[..., object],
@@ -219,11 +224,12 @@ class Scheduler:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def close(self, join_timeout: float) -> None:
-        """Drops every timer not yet running and stops the threads."""
+    def close(self, join_timeout: float) -> int:
+        """Drops every timer not yet running and stops the threads; returns
+        how many of those dropped belonged to no loop."""
         with self._lock:
             if self._closed:
-                return
+                return 0
             self._closed = True
             dropped = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
             dropped += [h for b in self._inflight.values() for h in b if h._state == POSTED]
@@ -236,11 +242,13 @@ class Scheduler:
             self._inflight.clear()
             self._loops.clear()
             self._wake.notify_all()
+        no_loop = sum(handle._outbox is self._dispatcher for handle in dropped)
         for handle in dropped:
             handle._release()
         if self._thread is not threading.current_thread():
             self._thread.join(join_timeout)
         self._dispatcher.stop(join_timeout)
+        return no_loop
 
     def forget_after_fork(self) -> None:
         """In a child of fork(): the threads are gone and the lock may be

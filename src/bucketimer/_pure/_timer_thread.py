@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
 
+from .._reporting import SLOW_CALLBACK_DURATION, check_slow_callback_duration
 from .._stats import Stats
 from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
 from ._handle import Handle
@@ -27,23 +28,41 @@ MIN_DRAIN_THRESHOLD = 16
 class TimerThread:
     """One timer thread and the timers it keeps.
 
-    ``TimerThread(buckets=13, *, drain_threshold=4096)`` starts the thread
-    (both arguments are checked as the native backend checks them, and
-    otherwise unused).  Schedule from any thread with :meth:`call_later` /
-    :meth:`call_at`; a timer scheduled inside a running event loop (or with
-    ``loop=``) runs in that loop's thread, any other on this TimerThread's
-    dispatcher thread.  :meth:`close` stops the thread; pending timers are
+    ``TimerThread(buckets=13, *, drain_threshold=4096,
+    slow_callback_duration=0.1)`` starts the thread (the first two are
+    checked as the native backend checks them, and otherwise unused).
+    Schedule from any thread with :meth:`call_later` / :meth:`call_at`; a
+    timer scheduled inside a running event loop (or with ``loop=``) runs in
+    that loop's thread, any other on this TimerThread's one dispatcher
+    thread, where a callback that runs ``slow_callback_duration`` seconds or
+    longer is logged.  :meth:`close` stops the thread; pending timers are
     dropped, never called.
     """
 
     def __init__(self, buckets: int = DEFAULT_BUCKETS, *,
-                 drain_threshold: int = DEFAULT_DRAIN_THRESHOLD) -> None:
+                 drain_threshold: int = DEFAULT_DRAIN_THRESHOLD,
+                 slow_callback_duration: float | None = SLOW_CALLBACK_DURATION) -> None:
         buckets, drain_threshold = _check_int(buckets), _check_int(drain_threshold)
         if not 1 <= buckets <= MAX_BUCKETS:
             raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}")
         if drain_threshold < MIN_DRAIN_THRESHOLD:
             raise ValueError(f"drain_threshold must be at least {MIN_DRAIN_THRESHOLD}")
+        slow = check_slow_callback_duration(slow_callback_duration)
         self._sched = Scheduler(buckets)
+        self._sched.dispatcher.time_callbacks(slow)
+        self._slow_after = slow
+
+    @property
+    def slow_callback_duration(self) -> float | None:
+        """Seconds a no-loop callback may hold the dispatcher thread before
+        it is logged (a WARNING on the ``bucketimer`` logger once it
+        returns); None logs none.  Settable at any time."""
+        return self._slow_after
+
+    @slow_callback_duration.setter
+    def slow_callback_duration(self, value: float | None) -> None:
+        self._slow_after = check_slow_callback_duration(value)
+        self._sched.dispatcher.time_callbacks(self._slow_after)
 
     @property
     def closed(self) -> bool:
