@@ -98,7 +98,9 @@ def _run(source: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "example.py"
         script.write_text(source, encoding="utf-8")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # grpc's C core logs INFO lines (a GOAWAY at shutdown) to the same
+        # stderr from its own threads, which can split a line of the program's.
+        env = dict(os.environ, PYTHONUNBUFFERED="1", GRPC_VERBOSITY="ERROR")
         done = subprocess.run(
             [sys.executable, str(script)], cwd=tmp, env=env, timeout=TIMEOUT,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
