@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
 import bucketimer
+from bucketimer import _observers
 
 # the public names both backends export
 __all__ = ["DeadlineEvent", "SlowCall", "current_deadline", "remaining"]
@@ -265,6 +266,20 @@ def _log_slow(level: int, info: SlowCall) -> None:
                    info.side, info.method, info.elapsed, extra=extra)
 
 
+def _observe(fact: DeadlineEvent | SlowCall) -> None:
+    """Hand a report to the metrics observers (``bucketimer.otel``;
+    docs/monitoring.rst).  Reached only when a call hits its deadline or
+    turns slow, so the per-call path pays nothing for metrics."""
+    for observer in _observers.grpc:
+        try:
+            if isinstance(fact, DeadlineEvent):
+                observer.deadline(fact)
+            else:
+                observer.slow(fact)
+        except Exception:
+            logger.exception("bucketimer.grpc: metrics observer %r raised", observer)
+
+
 def _log_deadline(ev: DeadlineEvent) -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
@@ -387,6 +402,7 @@ class _DeadlineCall(_ContextProxy):
         ev = DeadlineEvent(self._method, self._source, self._budget_length(),
                            _monotonic() - self._start, interrupted=interrupted, cancelled=cancelled)
         _log_deadline(ev)
+        _observe(ev)
         if ic._on_deadline is not None:
             _safe_hook(ic._on_deadline, ev, "on_deadline")
 
@@ -758,6 +774,7 @@ class _SlowCallSettings(_ServerWrapper):
 
     def _report(self, info: SlowCall) -> None:
         _log_slow(self._level, info)
+        _observe(info)
         if self._on_slow is not None:
             _safe_hook(self._on_slow, info, "on_slow")
 
