@@ -246,8 +246,14 @@ def instrument(timer_threads: Mapping[str, TimerThread | None] | None = None, *,
     """
     if meter_provider is None:
         meter_provider = _metrics.get_meter_provider()
+    elif not isinstance(meter_provider, MeterProvider):
+        raise TypeError(f"meter_provider must be an opentelemetry.metrics.MeterProvider or None, "
+                        f"not {type(meter_provider).__name__}")
     if timer_threads is None:
         timer_threads = {DEFAULT: None}
+    elif not isinstance(timer_threads, Mapping):
+        raise TypeError(f"timer_threads must be a mapping of names to TimerThreads or None, "
+                        f"not {type(timer_threads).__name__}")
     with _registry_lock:
         inst = _by_provider.get(meter_provider)
         if inst is None:

@@ -197,3 +197,12 @@ def test_prometheus_scrape_over_http(metrics: Callable[..., Any], tt: bucketimer
     assert value("bucketimer_timers_lateness_total", le="0") <= 1
     les = [lab["le"] for lab, _ in samples["bucketimer_timers_lateness_total"]]
     assert les[:3] == ["0", "1.024e-06", "2.048e-06"] and len(les) == 29
+
+
+def test_bad_instrument_arguments_name_the_argument(tt: bucketimer.TimerThread) -> None:
+    with pytest.raises(TypeError, match="timer_threads must be a mapping of names to "
+                                        "TimerThreads or None, not TimerThread"):
+        bucketimer.otel.instrument(tt)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="meter_provider must be an "
+                                        "opentelemetry.metrics.MeterProvider or None, not str"):
+        bucketimer.otel.instrument({}, meter_provider="sdk")  # type: ignore[arg-type]
