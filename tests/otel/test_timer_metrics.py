@@ -4,6 +4,8 @@ backend: each is ``TimerThread.stats()`` read at collection time."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -206,3 +208,18 @@ def test_bad_instrument_arguments_name_the_argument(tt: bucketimer.TimerThread) 
     with pytest.raises(TypeError, match="meter_provider must be an "
                                         "opentelemetry.metrics.MeterProvider or None, not str"):
         bucketimer.otel.instrument({}, meter_provider="sdk")  # type: ignore[arg-type]
+
+
+def test_without_the_extra_nothing_imports_opentelemetry_and_the_error_says_what_to_install() -> None:
+    code = ("import sys, bucketimer, bucketimer.grpc\n"
+            "assert not any(m.startswith('opentelemetry') for m in sys.modules)\n"
+            "sys.modules['opentelemetry'] = None  # as if opentelemetry-api were not installed\n"
+            "try:\n"
+            "    import bucketimer.otel\n"
+            "except ImportError as e:\n"
+            "    print(e)\n"
+            "else:\n"
+            "    raise SystemExit('imported without opentelemetry-api')\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                         capture_output=True, text=True).stdout
+    assert "opentelemetry-api" in out and "bucketimer[otel]" in out
