@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Self
 
 import bucketimer
-from bucketimer import _observers
 
 # the public names both backends export
 __all__ = ["DeadlineEvent", "SlowCall", "current_deadline", "remaining"]
@@ -153,6 +152,22 @@ def _with_timeout(details: Any, timeout: float | None) -> Any:
     )
 
 
+def _observe(fact: DeadlineEvent | SlowCall) -> None:
+    """Hand a report to the metrics observers (``bucketimer.otel``;
+    docs/monitoring.rst).  Reached only when a call hits its deadline or
+    turns slow, so the per-call path pays nothing for metrics."""
+    from bucketimer import _observers
+
+    for observer in _observers.grpc:
+        try:
+            if isinstance(fact, DeadlineEvent):
+                observer.deadline(fact)
+            else:
+                observer.slow(fact)
+        except Exception:
+            logger.exception("bucketimer.grpc: metrics observer %r raised", observer)
+
+
 # -- status codes ---------------------------------------------------------------------
 
 # grpc.aio contexts report the C core's codes; map them to grpc.StatusCode.
@@ -264,20 +279,6 @@ def _log_slow(level: int, info: SlowCall) -> None:
     else:
         logger.log(level, "slow gRPC %s call %s still running after %.3f s",
                    info.side, info.method, info.elapsed, extra=extra)
-
-
-def _observe(fact: DeadlineEvent | SlowCall) -> None:
-    """Hand a report to the metrics observers (``bucketimer.otel``;
-    docs/monitoring.rst).  Reached only when a call hits its deadline or
-    turns slow, so the per-call path pays nothing for metrics."""
-    for observer in _observers.grpc:
-        try:
-            if isinstance(fact, DeadlineEvent):
-                observer.deadline(fact)
-            else:
-                observer.slow(fact)
-        except Exception:
-            logger.exception("bucketimer.grpc: metrics observer %r raised", observer)
 
 
 def _log_deadline(ev: DeadlineEvent) -> None:
@@ -402,9 +403,9 @@ class _DeadlineCall(_ContextProxy):
         ev = DeadlineEvent(self._method, self._source, self._budget_length(),
                            _monotonic() - self._start, interrupted=interrupted, cancelled=cancelled)
         _log_deadline(ev)
-        _observe(ev)
         if ic._on_deadline is not None:
             _safe_hook(ic._on_deadline, ev, "on_deadline")
+        _observe(ev)
 
 
 class _FusedCall(_DeadlineCall):
@@ -774,9 +775,9 @@ class _SlowCallSettings(_ServerWrapper):
 
     def _report(self, info: SlowCall) -> None:
         _log_slow(self._level, info)
-        _observe(info)
         if self._on_slow is not None:
             _safe_hook(self._on_slow, info, "on_slow")
+        _observe(info)
 
     def _report_server(self, method: str, start: float, finished: bool,
                        code: grpc.StatusCode | None, stack: str | None) -> None:
