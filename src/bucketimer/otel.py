@@ -211,9 +211,10 @@ class Instrumentation:
 
     def deadline(self, ev: DeadlineEvent, /) -> None:
         attrs = _rpc_attributes(ev.method, "server")
-        self._deadlines.add(1, {**attrs, _SOURCE: ev.source})
         if ev.budget > 0.0:
             self._budget_used.record(ev.elapsed / ev.budget, attrs)
+        # last: a reader that sees the count sees the rest of the report
+        self._deadlines.add(1, {**attrs, _SOURCE: ev.source})
 
     def slow(self, info: SlowCall, /) -> None:
         attrs = _rpc_attributes(info.method, info.side)
