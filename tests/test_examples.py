@@ -28,6 +28,9 @@ OUTPUT = {
     "grpc_deadlines.py": ["b'0.1'", "StatusCode.DEADLINE_EXCEEDED"],
     "idle_timeout.py": [str([f"message {i}" for i in range(5)])],
     "loop_delivery.py": ["set in MainThread"],
+    # a Prometheus scrape of the process itself: two timers, one cancelled
+    "monitoring.py": ["bucketimer_timers_scheduled_total 2.0", "bucketimer_timers_fired_total 1.0",
+                      "bucketimer_timers_cancelled_total 1.0"],
     # two helpers' timers and two sleeps', all four in the core
     "patch_asyncio.py": ["timed out", "native timers: 4"],
     "timers.py": ["True", "fired on the dispatcher thread"],
@@ -44,6 +47,8 @@ def test_example_runs(name: str) -> None:
         # grpc.aio, not grpc: without grpcio, tests/grpc/ on sys.path makes
         # "grpc" a namespace package.
         pytest.importorskip("grpc.aio")
+    if name == "monitoring.py":  # the SDK and exporter of the test extra
+        pytest.importorskip("opentelemetry.exporter.prometheus")
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / name)],
         capture_output=True, text=True, timeout=120, cwd=EXAMPLES,

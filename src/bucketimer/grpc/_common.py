@@ -153,6 +153,22 @@ def _with_timeout(details: Any, timeout: float | None) -> Any:
     )
 
 
+def _observe(fact: DeadlineEvent | SlowCall) -> None:
+    """Hand a report to the metrics observers (``bucketimer.otel``;
+    docs/monitoring.rst).  Reached only when a call hits its deadline or
+    turns slow, so the per-call path pays nothing for metrics."""
+    from bucketimer import _observers
+
+    for observer in _observers.grpc:
+        try:
+            if isinstance(fact, DeadlineEvent):
+                observer.deadline(fact)
+            else:
+                observer.slow(fact)
+        except Exception:
+            logger.exception("bucketimer.grpc: metrics observer %r raised", observer)
+
+
 # -- status codes ---------------------------------------------------------------------
 
 # grpc.aio contexts report the C core's codes; map them to grpc.StatusCode.
@@ -358,6 +374,7 @@ class _DeadlineCall(_ContextProxy):
         log_deadline(ev)
         if ic._on_deadline is not None:
             _safe_hook(ic._on_deadline, ev, "on_deadline")
+        _observe(ev)
 
 
 class _FusedCall(_DeadlineCall):
@@ -729,6 +746,7 @@ class _SlowCallSettings(_ServerWrapper):
         log_slow(self._level, info, self._threshold)
         if self._on_slow is not None:
             _safe_hook(self._on_slow, info, "on_slow")
+        _observe(info)
 
     def _report_server(self, method: str, start: float, finished: bool,
                        code: grpc.StatusCode | None, stack: str | None) -> None:
