@@ -170,6 +170,7 @@ def panel_core(ax: Any, recs: list[dict[str, Any]]) -> None:
     threads = sorted({r["threads"] for r in rows})
     if threads:
         ax.set_xticks(threads)
+        ax.margins(x=0.15)  # room for the labels right of the last points
     ax.set_title(f"native core: {BUCKETIMER}'s bucketed core vs one lock + one heap",
                  fontsize="medium")
     ax.grid(True, alpha=0.3)
