@@ -702,6 +702,9 @@ def test_figure_default_path_explicit_path_and_no_plot(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == f"wrote the figure to {tmp_path / 'here.png'}"
     assert (tmp_path / "here.png").read_bytes().startswith(PNG_MAGIC)
+    proc = _cli("--load", RECORDED, "--only", "grpc", "--plot", "grpc.png", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: no figure: no panel draws the grpc rows" in proc.stderr
     proc = _cli("--smoke", "--only", "timeout", "--rounds", "1", "--no-plot", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "wrote the figure" not in proc.stdout

@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from . import GROUPS, PANELS, run
+from . import GROUPS, run
 from ._contenders import CONTENDERS
 from ._report import format_table, write_csv, write_json
 from ._table import wrap
@@ -137,8 +137,8 @@ def _write_plot(data: Any, path: str) -> None:
     try:
         fig = plot(data)
     except ValueError:  # no panel draws these groups
-        print(f"note: no figure: none of {', '.join(PANELS)} draws these rows",
-              file=sys.stderr)
+        groups = ", ".join(sorted({r["group"] for r in data}))
+        print(f"note: no figure: no panel draws the {groups} rows", file=sys.stderr)
         return
     fig.savefig(path, dpi=110)
     print(f"wrote the figure to {os.path.abspath(path)}")
