@@ -40,18 +40,32 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NATIVE = bucketimer.backend == "native"
 
 
-def test_cli_smoke_writes_table_json_csv_png(tmp_path):
-    out_json, out_csv, out_png = (tmp_path / n for n in ("out.json", "out.csv", "out.png"))
+def _headers(text):
+    """The header lines of every table of the kit's output (those above a rule)."""
+    lines = text.splitlines()
+    return "\n".join(line for i, line in enumerate(lines[:-1])
+                     for below in lines[i + 1:i + 3] if below.startswith("---"))
+
+
+def _prose(text):
+    """The output with its wrapped lines joined: for the verdicts and notes."""
+    return " ".join(text.split())
+
+
+def test_cli_smoke_writes_tables_json_csv_and_the_figure_by_default(tmp_path):
+    out_json, out_csv = tmp_path / "out.json", tmp_path / "out.csv"
     env = dict(os.environ, MPLBACKEND="Agg")
     proc = subprocess.run(
         [sys.executable, "-m", "bucketimer.bench", "--smoke", "--json", str(out_json),
-         "--csv", str(out_csv), "--plot", str(out_png)],
+         "--csv", str(out_csv)],
         check=False, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
 
-    # The one table: a header with the contenders, a row per workload.
+    # A table per group: headers with the contenders, a row per workload,
+    # every line within a terminal's 120 columns.
     lines = proc.stdout.splitlines()
-    header = next(line for line in lines if line.startswith("workload"))
+    assert max(len(line) for line in lines) <= 120, proc.stdout
+    header = _headers(proc.stdout)
     for col in ("bucketimer", "asyncio", "sched", "threading.Timer", "1-lock heap"):
         assert (col in header) == (NATIVE or col != "1-lock heap"), col
     core_labels = ("core pairs/s, 2 threads", "core scaling, 2 threads / 1")
@@ -110,8 +124,8 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
             assert b["ratio"] is None, w
     # Each API's verdict: deadline+slow against the target, and the parts.
     for api in ("sync", "aio") if HAVE_GRPCIO else ():
-        line = next(line for line in lines if line.startswith(f"gRPC {api}: deadline+slow"))
-        assert "no-op + deadline" in line and "no timers" in line
+        verdict = _prose(proc.stdout).split(f"gRPC {api}: deadline+slow")[1].split(". ")[0]
+        assert "no-op + deadline" in verdict and "no timers" in verdict
     a = by[("pairs@0", "asyncio")]
     assert a["ratio"] == pytest.approx(a["median"] / by[("pairs@0", "bucketimer")]["median"])
     # Every timer of the lateness rounds fired exactly once: the histograms
@@ -131,7 +145,10 @@ def test_cli_smoke_writes_table_json_csv_png(tmp_path):
         assert len(row["samples"].split(";")) == rec["rounds"]
         assert float(row["median"]) == pytest.approx(rec["median"], rel=1e-5)
 
+    # The figure, where the last line says.
+    out_png = tmp_path / "bucketimer-bench.png"
     if HAVE_MPL:
+        assert lines[-1] == f"wrote the figure to {out_png}"
         data = out_png.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 20_000
         import matplotlib.image
@@ -213,8 +230,8 @@ def test_cli_runs_on_a_pure_only_install(tmp_path):
         [sys.executable, "-c", _PURE_ONLY, "--smoke", "--no-progress", "--json", str(out_json)],
         check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    header = next(line for line in proc.stdout.splitlines() if line.startswith("workload"))
-    assert "bucketimer (pure)" in header and "asyncio" in header and "sched" in header
+    header = _headers(proc.stdout)
+    assert "(pure)" in header and "asyncio" in header and "sched" in header
     assert "pure Python" not in header and "1-lock heap" not in header
     assert "pairs, no loop, 0 pending" in proc.stdout
     assert " ".join(_contenders.PURE_INSTALL_NOTE.split()) in " ".join(proc.stdout.split())
@@ -418,10 +435,11 @@ def test_service_smoke_serves_real_requests(tmp_path):
          "--json", str(out_json)],
         check=False, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "service requests/s, 20 conns" in proc.stdout
+    assert "service on 127.0.0.1, 20 conns" in _headers(proc.stdout)
+    assert "service requests/s" in proc.stdout
     assert "service, 20 conns: drop-in" in proc.stdout  # the verdict against asyncio
     # stock code + patch_asyncio() against asyncio, in the same (wrapped) verdict
-    assert "; patched drop-in " in " ".join(proc.stdout.split())
+    assert "; patched drop-in " in _prose(proc.stdout)
     doc = json.loads(out_json.read_text(encoding="utf-8"))
     recs = doc["records"]
     assert {r["group"] for r in recs} == {"service"}
@@ -484,8 +502,8 @@ def test_service_turn_that_cannot_be_measured_is_noted_not_fatal(monkeypatch):
     notes = [n for n in data.meta["notes"] if "not measured" in n]
     assert len(notes) == 2 and all("0 heartbeats" in n and "again with a" in n for n in notes)
     table = bench.format_table(data)
-    assert "pairs, no loop, 0 pending" in table and "service requests/s, 20 conns" in table
-    assert "a turn was not measured" in table
+    assert "pairs, no loop, 0 pending" in table and "service requests/s" in table
+    assert "a turn was not measured" in _prose(table)
 
 
 def test_service_turn_measured_on_its_retry(monkeypatch):
@@ -564,4 +582,195 @@ def test_reset_rows_see_what_a_reset_leaves():
                 assert r["median"] > 0 and len(r["pair"]) == 3
     table = bench.format_table(data)
     assert "reset, bucketimer Timeout.reschedule(): 0 pending:" in table
-    assert ("Python heap blocks left per reset, 1k pending" in table) == counted
+    assert "moving a pending deadline, 1k pending" in table
+    assert ("Python heap blocks left per reset" in table) == counted
+
+
+# ---- output that reads at a glance ------------------------------------------------------
+
+# A smoke run of every group and column, recorded with --json; and the full
+# service runs the package ships (the notebook reads them).
+RECORDED = os.path.join(os.path.dirname(__file__), "data", "smoke_run.json")
+SHIPPED = [os.path.join(os.path.dirname(bench.__file__), "data", f"perf_service_{v}.json")
+           for v in ("311", "314")]
+
+
+class _Ascii:
+    encoding = "ascii"  # a stream that cannot print the Unicode symbols
+
+
+@pytest.mark.parametrize("path", [RECORDED, *SHIPPED], ids=os.path.basename)
+@pytest.mark.parametrize("stream", [None, _Ascii()], ids=["unicode", "ascii"])
+def test_recorded_runs_print_within_120_columns(path, stream):
+    table = bench.format_table(bench.load(path), stream)
+    wide = [line for line in table.splitlines() if len(line) > 120]
+    assert not wide, "\n".join(wide)
+
+
+def _tables(text):
+    """(header lines, body lines) of each table of the output: the lines above
+    its rule that start blank (wrapped column names) and the one with its
+    title; the rows below it, up to a blank line or the prose under it."""
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if line.startswith("---"):
+            top = i - 1
+            while lines[top - 1].startswith(" ") and lines[top - 1].strip():
+                top -= 1
+            end = i + 1
+            while end < len(lines) and lines[end][:1] in (" ", "\u2193", "\u2191") \
+                    and lines[end].strip():
+                end += 1
+            out.append((lines[top:i], lines[i + 1:end]))
+    return out
+
+
+def _cells(line):
+    """(start, end) of each run of text in ``line`` with 2+ spaces around it."""
+    import re
+
+    return [m.span() for m in re.finditer(r"\S+(?: \S+)*", line)]
+
+
+def test_every_cell_stands_under_a_labelled_column():
+    """Each table's cells end where a column header of that table ends, and
+    the gRPC rows (plain: no bucketimer at all) stand under their APIs, not
+    under a bucketimer column."""
+    text = bench.format_table(bench.load(RECORDED))
+    tables = _tables(text)
+    assert len(tables) >= len(bench.GROUPS)
+    for head, body in tables:
+        first_column = _cells(head[-1])[1][0]  # after the title
+        edges = {end for h in head for start, end in _cells(h) if start >= first_column}
+        assert body
+        for row in body:
+            ends = {end for _, end in _cells(row) if end > first_column}
+            assert ends and ends <= edges, (head, row)
+    grpc_head, grpc_body = next((h, b) for h, b in tables if any(" plain" in r for r in b))
+    assert "grpc (sync)" in grpc_head[-1] and "grpc.aio" in grpc_head[-1]
+    assert "bucketimer" not in " ".join(grpc_head)
+    plain = next(r for r in grpc_body if " plain " in r)
+    assert len(_cells(plain)) == 3  # its label, and a cell under each API
+
+
+def test_ratios_print_as_plain_numbers():
+    from bucketimer.bench._records import add_ratios, make_record
+
+    recs = [make_record("noloop", "w", "pairs, no loop", c, "ns", "lower", [v])
+            for c, v in (("bucketimer", 100.0), ("threading.Timer", 229_040.0),
+                         ("sched", 1234.0))]
+    recs += [make_record("noloop", "v", "lateness", c, "ns", "lower", [v])
+             for c, v in (("bucketimer", 1000.0), ("threading.Timer", 12.3),
+                          ("sched", 598.0))]
+    add_ratios(recs)
+    table = bench.format_table(bench.Records(recs))
+    assert "\u00d72290" in table and "\u00d712.3" in table
+    assert "\u00d70.0123" in table and "\u00d70.598" in table
+    assert "e+" not in table and "e-" not in table
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "bucketimer.bench", *args], check=False,
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=dict(os.environ, MPLBACKEND="Agg"))
+
+
+def test_load_honours_only_and_contenders(tmp_path):
+    proc = _cli("--load", RECORDED, "--only", "grpc", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    heads = _headers(proc.stdout)
+    assert "gRPC echo on 127.0.0.1" in heads and "grpc.aio" in heads
+    for other in ("schedule+cancel", "timers with no event loop", "service on 127.0.0.1",
+                  "moving a pending deadline"):
+        assert other not in proc.stdout
+    assert "gRPC sync: deadline+slow" in proc.stdout  # its verdicts come along
+    assert not list(tmp_path.iterdir())  # --load draws no figure unless asked
+    proc = _cli("--load", RECORDED, "--only", "pairs,noloop", "--contenders", "sched",
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    heads = _headers(proc.stdout)
+    assert "bucketimer" in heads and "sched" in heads and "asyncio" not in heads
+    assert "schedule+cancel" in heads and "no event loop" in heads and "gRPC" not in heads
+    proc = _cli("--load", SHIPPED[0], "--only", "pairs", cwd=tmp_path)  # service rows only
+    assert proc.returncode == 2 and "holds no records" in proc.stderr
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+def test_figure_default_path_explicit_path_and_no_plot(tmp_path):
+    proc = _cli("--load", RECORDED, "--only", "pairs", "--plot", "here.png", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"wrote the figure to {tmp_path / 'here.png'}"
+    assert (tmp_path / "here.png").read_bytes().startswith(PNG_MAGIC)
+    proc = _cli("--load", RECORDED, "--only", "grpc", "--plot", "grpc.png", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: no figure: no panel draws the grpc rows" in proc.stderr
+    proc = _cli("--smoke", "--only", "timeout", "--rounds", "1", "--no-plot", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote the figure" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here.png"]
+
+
+def _figure_of(path, panels=None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = bench.plot(bench.load(path), panels)
+    fig.canvas.draw()
+    return fig
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+def test_figure_one_colour_per_column_and_legends_off_the_data():
+    from matplotlib.colors import to_hex
+
+    from bucketimer.bench._plot import COLORS
+
+    assert len(set(COLORS.values())) == len(COLORS) and set(COLORS) == set(bench.CONTENDERS)
+    fig = _figure_of(RECORDED)
+    seen: dict[str, set[str]] = {}
+    for ax in fig.axes:
+        assert ax.get_legend() is None, ax.get_title()  # no legend inside a panel
+        for container in ax.containers:
+            label = container.get_label()
+            if label in COLORS:
+                artist = container.patches[0] if hasattr(container, "patches") else (
+                    container.lines[0])
+                color = (artist.get_facecolor() if hasattr(container, "patches")
+                         else artist.get_color())
+                seen.setdefault(label, set()).add(to_hex(color))
+        for line in ax.lines:
+            if line.get_label() in COLORS:
+                seen.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
+    assert set(seen) == {r["contender"] for r in bench.load(RECORDED).to_dict("records")
+                         if r["group"] != "grpc"}
+    for label, colors in seen.items():
+        assert colors == {COLORS[label]}, label
+    # One legend, for the whole figure, overlapping no panel.
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    for ax in fig.axes:
+        if ax.get_visible():
+            assert not box.overlaps(ax.get_window_extent()), ax.get_title()
+    assert set(t.get_text() for t in legend.get_texts()) == set(seen)
+
+
+@pytest.mark.skipif(not HAVE_MPL, reason="matplotlib is not installed")
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+def test_service_panels_draw_what_their_titles_say(path):
+    """A bar per contender at each number of connections, of the one row the
+    title names."""
+    recs = bench.load(path).to_dict("records")
+    names = {r["contender"] for r in recs if r["group"] == "service"}
+    sizes = sorted({int(r["conns"]) for r in recs if r["group"] == "service"})
+    for panel, key, words in (("service", "rps", "requests/s"),
+                              ("service_tail", "p99", "p99 latency"),
+                              ("service_stall", "stall", "worst loop stall")):
+        (ax,) = [ax for ax in _figure_of(path, [panel]).axes if ax.get_visible()]
+        assert words in ax.get_title()
+        bars = [c for c in ax.containers if c.get_label() in names]
+        assert {c.get_label() for c in bars} == names and len(bars) == len(names)
+        for c in bars:
+            want = {r["median"] for r in recs if r["contender"] == c.get_label()
+                    and r["workload"] in {f"service_{key}@{n}" for n in sizes}}
+            assert {p.get_height() for p in c.patches} == want, (key, c.get_label())

@@ -5,6 +5,10 @@
     python -m bucketimer.bench --only service  # the loopback service benchmark alone
     python -m bucketimer.bench --only grpc     # the gRPC interceptors' cost alone
     python -m bucketimer.bench --json out.json --csv out.csv --plot out.png
+    python -m bucketimer.bench --load out.json --only grpc   # a saved run's gRPC table
+
+A run also draws its figure, into ./bucketimer-bench.png unless --plot names
+another file or --no-plot says none.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from typing import Any
 from . import GROUPS, run
 from ._contenders import CONTENDERS
 from ._report import format_table, write_csv, write_json
+from ._table import wrap
+
+DEFAULT_PLOT = "bucketimer-bench.png"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,11 +50,16 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"comma-separated columns to run, of: {','.join(CONTENDERS)}")
     p.add_argument("--json", metavar="FILE", help="write every record and machine info as JSON")
     p.add_argument("--csv", metavar="FILE", help="write every record as CSV")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the comparison (needs matplotlib)")
+    plot = p.add_mutually_exclusive_group()
+    plot.add_argument("--plot", metavar="FILE.png",
+                      help=f"where to draw the figure (needs matplotlib; a run's default: "
+                           f"./{DEFAULT_PLOT})")
+    plot.add_argument("--no-plot", action="store_true", help="draw no figure")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--load", metavar="FILE.json",
-                   help="run nothing: print the table (and write --csv/--plot) of a "
-                        "file an earlier --json wrote")
+                   help="run nothing: print the tables (and write --csv/--plot) of a "
+                        "file an earlier --json wrote, of its --only groups and "
+                        "--contenders columns")
     return p
 
 
@@ -88,8 +100,9 @@ def _progress(args: argparse.Namespace) -> bool:
     return progress
 
 
-def _load(path: str) -> Any:
-    """The records an earlier --json wrote, printed as the table; None if unreadable."""
+def _load(path: str, groups: list[str] | None, contenders: list[str] | None) -> Any:
+    """The records of ``groups`` and ``contenders`` (None: all) an earlier
+    --json wrote, printed as the tables; None if there are none."""
     from . import Records
     from ._report import read_json
 
@@ -98,9 +111,14 @@ def _load(path: str) -> Any:
     except (OSError, ValueError, KeyError) as e:
         print(f"cannot load {path}: {e}", file=sys.stderr)
         return None
+    recs = [r for r in recs if (groups is None or r["group"] in groups)
+            and (contenders is None or r["contender"] in contenders)]
+    if not recs:
+        print(f"{path} holds no records of the groups and columns asked for", file=sys.stderr)
+        return None
     data = Records(recs, meta)
     print(format_table(data, sys.stdout))
-    print(f"(loaded from {path}; produced by: {meta.get('command')})")
+    print("\n".join(wrap(f"(loaded from {path}; produced by: {meta.get('command')})")))
     return data
 
 
@@ -116,9 +134,14 @@ def _write_plot(data: Any, path: str) -> None:
         return
     from . import plot
 
-    fig = plot(data)
+    try:
+        fig = plot(data)
+    except ValueError:  # no panel draws these groups
+        groups = ", ".join(sorted({r["group"] for r in data}))
+        print(f"note: no figure: no panel draws the {groups} rows", file=sys.stderr)
+        return
     fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    print(f"wrote the figure to {os.path.abspath(path)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     groups, contenders = selection
     progress = _progress(args)
     if args.load:
-        data = _load(args.load)
+        data = _load(args.load, groups if args.only else None, contenders)
         if data is None:
             return 2
     else:
@@ -141,15 +164,16 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         print(format_table(data, sys.stdout))
         per_group = ", ".join(f"{g} {t:.1f}" for g, t in data.meta["group_seconds"].items())
-        print(f"({args.suite} suite: {elapsed:.1f} s; s per group: {per_group})")
+        print("\n".join(wrap(f"({args.suite} suite: {elapsed:.1f} s; s per group: {per_group})")))
     if args.json:
         write_json(data, args.json)
         print(f"wrote {args.json}")
     if args.csv:
         write_csv(data, args.csv)
         print(f"wrote {args.csv}")
-    if args.plot:
-        _write_plot(data, args.plot)
+    plot = args.plot or (None if args.no_plot or args.load else DEFAULT_PLOT)
+    if plot:
+        _write_plot(data, plot)
     return 0
 
 

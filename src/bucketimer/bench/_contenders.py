@@ -61,6 +61,11 @@ REF_HEAP = "1-lock heap"
 CONTENDERS = (BUCKETIMER, PURE, ASYNCIO, UVLOOP, DROPIN, DROPIN_UV, PATCHED, THREADING_TIMER,
               SCHED, REF_HEAP)
 
+# Each column's colour in every figure (matplotlib's tab10, one each).
+COLORS = dict(zip(CONTENDERS, ("#1f77b4", "#8c564b", "#ff7f0e", "#2ca02c", "#9467bd",
+                               "#17becf", "#d62728", "#bcbd22", "#e377c2", "#7f7f7f"),
+                  strict=True))
+
 # The columns only a native install has (see the module's docstring).
 NATIVE_ONLY = (PURE, REF_HEAP)
 PURE_INSTALL_NOTE = (

@@ -12,25 +12,17 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
+from ._contenders import BUCKETIMER, COLORS, CONTENDERS, REF_HEAP
+from ._format import format_value
 from ._records import count_label
-from ._report import as_records, format_value, meta_of
+from ._report import as_records, meta_of
 
 PANELS = ("pairs", "timeout", "lateness", "cdf", "noloop", "core", "reset", "service",
-          "service_tail")
-
-COLORS = {
-    "bucketimer": "#1f77b4",
-    "pure Python": "#bcbd22",
-    "asyncio": "#ff7f0e",
-    "uvloop": "#2ca02c",
-    "drop-in": "#9467bd",
-    "drop-in uvloop": "#17becf",
-    "patched drop-in": "#bcbd22",
-    "threading.Timer": "#8c564b",
-    "sched": "#e377c2",
-    "1-lock heap": "#7f7f7f",
-}
+          "service_tail", "service_stall")
+# The group whose records each panel draws.
+_PANEL_GROUP = {"pairs": "pairs", "timeout": "timeout", "lateness": "lateness",
+                "cdf": "lateness", "noloop": "noloop", "core": "core", "reset": "reset",
+                "service": "service", "service_tail": "service", "service_stall": "service"}
 
 
 def _figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4, 4.2)) -> Any:
@@ -102,7 +94,6 @@ def panel_pairs(ax: Any, recs: list[dict[str, Any]]) -> None:
     _ns_axis(ax, allv, "time per call_later + cancel (median)")
     ax.set_title("schedule + cancel, in a running loop")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
 
 
 def _bars(ax: Any, rows: list[dict[str, Any]], workloads: Sequence[str],
@@ -123,7 +114,6 @@ def _bars(ax: Any, rows: list[dict[str, Any]], workloads: Sequence[str],
             ax.bar(xs, ys, width, yerr=_err(sel), capsize=2, label=c, color=COLORS.get(c))
     ax.set_xticks(range(len(workloads)), labels)
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize="small")
     return allv
 
 
@@ -162,8 +152,7 @@ def panel_core(ax: Any, recs: list[dict[str, Any]]) -> None:
         xs = [r["threads"] for r in pts]
         ys = [r["median"] / 1e6 for r in pts]
         err = [[e / 1e6 for e in side] for side in _err(pts)]
-        name = "bucketed core" if c == BUCKETIMER else c
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name, color=COLORS.get(c))
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=c, color=COLORS.get(c))
         if pts:
             # The scaling rows (per-round ratios) when present, as in the table.
             scaling = {r["threads"]: r["median"] for r in recs
@@ -181,9 +170,10 @@ def panel_core(ax: Any, recs: list[dict[str, Any]]) -> None:
     threads = sorted({r["threads"] for r in rows})
     if threads:
         ax.set_xticks(threads)
-    ax.set_title("native core: bucketed vs one lock + one heap")
+        ax.margins(x=0.15)  # room for the labels right of the last points
+    ax.set_title(f"native core: {BUCKETIMER}'s bucketed core vs one lock + one heap",
+                 fontsize="medium")
     ax.grid(True, alpha=0.3)
-    ax.legend()
 
 
 def panel_reset(ax: Any, recs: list[dict[str, Any]]) -> None:
@@ -198,48 +188,37 @@ def panel_reset(ax: Any, recs: list[dict[str, Any]]) -> None:
     ax.set_title("moving a pending deadline")
 
 
-def _service_lines(ax: Any, recs: list[dict[str, Any]], key: str, scale: float = 1.0,
-                   style: str = "-") -> list[float]:
-    from matplotlib.ticker import NullLocator
-
+def _service_bars(ax: Any, recs: list[dict[str, Any]], key: str) -> list[float]:
+    """Bars of the service row ``key`` at each number of connections."""
     rows = [r for r in _by(recs, group="service") if r["workload"].startswith(f"service_{key}@")]
-    allv = []
-    for c in _contenders(rows):
-        pts = sorted(_by(rows, contender=c), key=lambda r: r["conns"])
-        xs = [int(r["conns"]) for r in pts]
-        ys = [r["median"] * scale for r in pts]
-        allv += ys
-        err = [[e * scale for e in side] for side in _err(pts)]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linestyle=style,
-                    label=c if style == "-" else None, color=COLORS.get(c))
-    if rows:
-        sizes = sorted({int(r["conns"]) for r in rows})  # floats in a DataFrame
-        ax.set_xscale("log")
-        ax.set_xlim(sizes[0] / 1.6, sizes[-1] * 1.6)
-        ax.set_xticks(sizes, [count_label(n) for n in sizes])
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("concurrent connections")
-    ax.grid(True, which="both", alpha=0.3)
+    sizes = sorted({int(r["conns"]) for r in rows})  # floats in a DataFrame
+    allv = _bars(ax, rows, [f"service_{key}@{n}" for n in sizes],
+                 [f"{count_label(n)} connections" for n in sizes])
     return allv
 
 
 def panel_service(ax: Any, recs: list[dict[str, Any]]) -> None:
-    """Requests/s against connections, one line per contender."""
-    _service_lines(ax, recs, "rps", 1e-3)
-    ax.set_ylabel("requests/s, thousands (median)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("a streams server on 127.0.0.1")
-    ax.legend(fontsize="small")
+    """Requests/s at each number of connections, a bar per contender."""
+    from matplotlib.ticker import FuncFormatter
+
+    _service_bars(ax, recs, "rps")
+    ax.set_ylabel("requests/s (median)")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: format_value(y, "req/s")))
+    ax.set_title("service on 127.0.0.1: requests/s")
 
 
 def panel_service_tail(ax: Any, recs: list[dict[str, Any]]) -> None:
-    """Client-side p99 latency (solid) and the server's worst loop stall
-    (dashed) against connections."""
-    allv = _service_lines(ax, recs, "p99")
-    allv += _service_lines(ax, recs, "stall", style="--")
-    _ns_axis(ax, allv, "p99 latency (solid), worst loop stall (dashed)", log=True)
-    ax.set_title("the service's tail")
-    ax.legend(fontsize="small")
+    """The client-side p99 latency at each number of connections."""
+    allv = _service_bars(ax, recs, "p99")
+    _ns_axis(ax, allv, "p99 latency, at the client (median)", log=True)
+    ax.set_title("service on 127.0.0.1: p99 latency")
+
+
+def panel_service_stall(ax: Any, recs: list[dict[str, Any]]) -> None:
+    """The server's worst loop stall at each number of connections."""
+    allv = _service_bars(ax, recs, "stall")
+    _ns_axis(ax, allv, "worst heartbeat lateness (median)", log=True)
+    ax.set_title("service on 127.0.0.1: worst loop stall")
 
 
 def hist_of(obj: Any) -> list[int]:
@@ -268,7 +247,7 @@ def _cdf_line(ax: Any, hist: Sequence[int], label: str, color: Any = None) -> No
             ys.append(acc / total)
         if acc == total:
             break
-    ax.step(xs, ys, where="post", label=f"{label} (n={total})", color=color)
+    ax.step(xs, ys, where="post", label=label, color=color)
 
 
 def panel_cdf(ax: Any, recs: list[dict[str, Any]]) -> None:
@@ -294,7 +273,21 @@ def _cdf_axes(ax: Any) -> None:
     ax.set_ylabel("fraction of timers at most this late")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
+
+
+def _shared_legend(fig: Any, axes: Sequence[Any]) -> None:
+    """One legend for every panel, under them (outside every axes, so it
+    covers no data): each label once, the contenders in column order."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if not seen:
+        return
+    order = {c: i for i, c in enumerate(CONTENDERS)}
+    labels = sorted(seen, key=lambda lab: order.get(lab, len(order)))
+    fig.legend([seen[lab] for lab in labels], labels, loc="outside lower center",
+               ncols=min(len(labels), 6), fontsize="small")
 
 
 _PANEL_FUNCS = {
@@ -307,6 +300,7 @@ _PANEL_FUNCS = {
     "reset": panel_reset,
     "service": panel_service,
     "service_tail": panel_service_tail,
+    "service_stall": panel_service_stall,
 }
 
 
@@ -316,19 +310,18 @@ def plot(data: Any, panels: Sequence[str] | str | None = None, ncols: int = 3) -
     ``panels``: any of ``"pairs"`` (time per pair against pending timers),
     ``"timeout"``, ``"lateness"`` (p50/p99/max), ``"cdf"`` (lateness CDF),
     ``"noloop"``, ``"core"`` (native pairs/s against threads), ``"reset"``
-    (time per deadline reset), ``"service"`` (requests/s against
-    connections) and ``"service_tail"`` (p99 latency and worst loop stall
-    against connections); default: every panel the records have data for.
+    (time per deadline reset), ``"service"`` (requests/s),
+    ``"service_tail"`` (the client's p99 latency) and ``"service_stall"``
+    (the server's worst loop stall), each at every number of connections;
+    default: every panel the records have data for.  Each contender has one
+    colour (``COLORS``) in every panel, named once in the legend under them.
     """
     recs = as_records(data)
     if isinstance(panels, str):
         panels = [panels]
     if panels is None:
         groups = {r["group"] for r in recs}
-        want = {"pairs": "pairs", "timeout": "timeout", "lateness": "lateness",
-                "cdf": "lateness", "noloop": "noloop", "core": "core", "reset": "reset",
-                "service": "service", "service_tail": "service"}
-        panels = [p for p in PANELS if want[p] in groups]
+        panels = [p for p in PANELS if _PANEL_GROUP[p] in groups]
     unknown = [p for p in panels if p not in _PANEL_FUNCS]
     if unknown:
         raise ValueError(f"unknown panels {unknown}; known: {list(PANELS)}")
@@ -342,6 +335,7 @@ def plot(data: Any, panels: Sequence[str] | str | None = None, ncols: int = 3) -
         _PANEL_FUNCS[p](ax, recs)
     for ax in flat[len(panels):]:
         ax.set_visible(False)
+    _shared_legend(fig, flat[:len(panels)])
     meta = meta_of(data)
     m, s = meta.get("machine") or {}, meta.get("suite") or {}
     if m or s:
@@ -380,13 +374,13 @@ def plot_lateness(stats_or_tt: Any, cdf: bool = True, label: str = "bucketimer")
         ax.set_yscale("log")
     ax.set_title("firing lateness histogram")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
     if cdf:
         ax2 = axes[0][1]
         for k, (name, h) in enumerate(series.items()):
-            _cdf_line(ax2, h, name, COLORS.get(name, f"C{k}"))
+            _cdf_line(ax2, h, f"{name} (n={sum(h)})", COLORS.get(name, f"C{k}"))
         _cdf_axes(ax2)
         ax2.set_title("firing lateness CDF")
+    _shared_legend(fig, [ax for row in axes for ax in row])
     return fig
 
 
@@ -406,7 +400,7 @@ def plot_stats_timeline(samples: Any, keys: Sequence[str] = ("heap_size", "list_
     ax.set_ylabel("entries")
     ax.set_title("core sizes while the workload runs")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    _legend_below(ax)
     ax = axes[0][1]
     allv = []
     for k in rates:
@@ -419,8 +413,13 @@ def plot_stats_timeline(samples: Any, keys: Sequence[str] = ("heap_size", "list_
         ax.set_yscale("log")
     ax.set_title("core counters, rates")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    _legend_below(ax)
     return fig
+
+
+def _legend_below(ax: Any) -> None:
+    """The axes' legend under it, outside the data."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=3, fontsize="small")
 
 
 __all__ = ["PANELS", "REF_HEAP", "hist_of", "plot", "plot_lateness", "plot_stats_timeline"]

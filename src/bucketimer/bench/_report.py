@@ -5,77 +5,18 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
-from collections.abc import Sequence
 from typing import Any
 
-from ._contenders import BUCKETIMER, CONTENDERS, REF_HEAP
+from ._contenders import BUCKETIMER, REF_HEAP
+from ._format import isnan as _isnan
+from ._format import symbols
 from ._grpc import verdict as grpc_verdict
 from ._resets import verdict as reset_verdict
 from ._service import verdict as service_verdict
+from ._table import render, tables, wrap
 
 # The bucketimer column's header where the pure-Python backend ran.
 PURE_HEADER = f"{BUCKETIMER} (pure)"
-_FANCY = {"mu": "\u00b5", "x": "\u00d7", "pm": "\u00b1", "down": "\u2193", "up": "\u2191"}
-_PLAIN = {"mu": "u", "x": "x", "pm": "+-", "down": "v", "up": "^"}
-
-
-def symbols(stream: Any = None) -> dict[str, str]:
-    """Unicode symbols when ``stream`` can encode them, ASCII otherwise."""
-    enc = getattr(stream if stream is not None else sys.stdout, "encoding", None) or "ascii"
-    try:
-        "".join(_FANCY.values()).encode(enc)
-    except (UnicodeEncodeError, LookupError):
-        return _PLAIN
-    return _FANCY
-
-
-def _isnan(x: Any) -> bool:
-    return x is None or (isinstance(x, float) and math.isnan(x))
-
-
-def format_value(value: float, unit: str, sym: dict[str, str] | None = None) -> str:
-    """2.5e-6 s written in the row's unit: '2.50 us', '31.2M/s', '1.73x'."""
-    sym = sym or _FANCY
-    if _isnan(value):
-        return "-"
-    if unit == "ns":
-        a = abs(value)
-        if a < 1e3:
-            return f"{value:.0f} ns"
-        if a < 1e6:
-            return f"{value / 1e3:.3g} {sym['mu']}s"
-        if a < 1e9:
-            return f"{value / 1e6:.3g} ms"
-        return f"{value / 1e9:.3g} s"
-    if unit in ("pairs/s", "req/s"):
-        if value >= 1e6:
-            return f"{value / 1e6:.3g}M/s"
-        return f"{value / 1e3:.3g}k/s"
-    if unit == "%":
-        return f"{value:.0f}%"
-    if unit == "x":
-        return f"{value:.2f}{sym['x']}"
-    if unit == "count":
-        return f"{value:.0f}"
-    return f"{value:.3g} {unit}"
-
-
-def _cell(rec: dict[str, Any], sym: dict[str, str]) -> tuple[str, str]:
-    """(value line, ratio line) of one table cell."""
-    if rec["unit"] == "count":
-        total, timers = rec.get("total"), rec.get("timers")
-        if not _isnan(total) and not _isnan(timers):
-            return f"{total:.0f} / {timers:.0f}", ""
-        return format_value(rec["median"], "count", sym), ""
-    value = format_value(rec["median"], rec["unit"], sym)
-    med, p25, p75 = rec["median"], rec["p25"], rec["p75"]
-    if not _isnan(med) and med and not _isnan(p25) and not _isnan(p75):
-        spread = (p75 - p25) / 2 / abs(med) * 100
-        value += f" {sym['pm']}{spread:.0f}%"
-    ratio = rec.get("ratio")
-    line2 = "" if _isnan(ratio) or rec["contender"] == BUCKETIMER else f"{sym['x']}{ratio:.3g}"
-    return value, line2
 
 
 # Fields only some records have: a DataFrame fills the others with NaN.
@@ -104,20 +45,25 @@ def meta_of(data: Any) -> dict[str, Any]:
 
 
 def format_table(data: Any, stream: Any = None) -> str:
-    """The one table: workloads as rows, contenders as columns; under it the
-    legend, the verdicts and the run's notes."""
+    """The run's title and how to read a cell, then a table per workload
+    group (:mod:`._table`), each followed by what its rows mean and its
+    verdicts, then the run's notes; every line fits ``_table.WIDTH`` columns."""
     sym = symbols(stream)
     recs = as_records(data)
     meta = meta_of(data)
     machine = meta.get("machine", {})
-    pure = machine.get("backend") == "python"
-    out = [_title(recs, meta), *_grid(recs, sym, {BUCKETIMER: PURE_HEADER} if pure else {}), ""]
-    out.extend(_legend(recs, sym))
-    out.extend(core_verdict(recs, machine))
-    out.extend(reset_verdict(recs))
-    out.extend(service_verdict(recs))
-    out.extend(grpc_verdict(recs))
-    out.extend(_notes(meta))
+    rename = {BUCKETIMER: PURE_HEADER} if machine.get("backend") == "python" else {}
+    out = [*wrap(_title(recs, meta)), *_legend(sym)]
+    for group, group_tables in tables(recs):
+        for t in group_tables:
+            out += ["", *render(t, sym, rename)]
+        for text in _group_text(group, recs, machine):
+            out += wrap(text)
+    notes = _notes(meta)
+    if notes:
+        out.append("")
+        for text in notes:
+            out += wrap(text)
     return "\n".join(out)
 
 
@@ -136,66 +82,37 @@ def _title(recs: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return title
 
 
-def _grid(recs: list[dict[str, Any]], sym: dict[str, str], headers: dict[str, str]
-          ) -> list[str]:
-    """The header (``headers`` renames columns), a rule, and a row per
-    workload (with its ratios below it), a blank line between groups."""
-    cols = [c for c in CONTENDERS if any(r["contender"] == c for r in recs)]
-    rows: list[tuple[str, str, str]] = []  # (workload, label, better), in first-seen order
-    for r in recs:
-        key = (r["workload"], r["label"], r["better"])
-        if key not in rows:
-            rows.append(key)
-    by = {(r["workload"], r["contender"]): r for r in recs}
-    group_of = {r["workload"]: r["group"] for r in recs}
-    header = ["workload"] + [headers.get(c, c) for c in cols]
-    body: list[tuple[list[str], str]] = []  # (cells, group)
-    for workload, label, better in rows:
-        arrow = {"lower": sym["down"], "higher": sym["up"]}.get(better, " ")
-        cells = [_cell(by[(workload, c)], sym) if (workload, c) in by else ("", "") for c in cols]
-        body.append(([f"{arrow} {label}", *(v for v, _ in cells)], group_of[workload]))
-        if any(q for _, q in cells):
-            body.append((["", *(q for _, q in cells)], group_of[workload]))
-    widths = [max(len(row[i]) for row in [header] + [b for b, _ in body])
-              for i in range(len(header))]
-
-    def fmt(row: Sequence[str]) -> str:
-        first = row[0].ljust(widths[0])
-        rest = "  ".join(cell.rjust(w) for cell, w in zip(row[1:], widths[1:]))
-        return (first + "  " + rest).rstrip()
-
-    out = [fmt(header), "-" * len(fmt(header))]
-    prev = None
-    for row, group in body:
-        if prev is not None and group != prev:
-            out.append("")
-        out.append(fmt(row))
-        prev = group
-    return out
+def _legend(sym: dict[str, str]) -> list[str]:
+    """How to read a cell."""
+    return [*wrap(f"Each cell: the median over rounds {sym['pm']} half the interquartile "
+                  f"range; {sym['x']}N below it = that median / bucketimer's."),
+            f"{sym['down']} lower is better, {sym['up']} higher is better."]
 
 
-def _legend(recs: list[dict[str, Any]], sym: dict[str, str]) -> list[str]:
-    """How to read the cells, and the rows of the groups present."""
-    out = [f"Each cell: the median over rounds {sym['pm']} half the interquartile range; "
-           f"{sym['x']}N below it = that median / bucketimer's.",
-           f"{sym['down']} lower is better, {sym['up']} higher is better.  Lateness = "
-           "callback start - deadline (early fires: negative)."]
-    if any(r["group"] == "service" for r in recs):
-        out.append("Service rows: a streams server on 127.0.0.1, one process per turn, "
-                   "under N connections of a load generator in another process; latency "
-                   "from the client, stall = the server's heartbeat lateness, busy = share "
-                   "of the window a process's loop thread ran or waited for a CPU.")
-    if any(r["group"] == "grpc" for r in recs):
-        out.append("gRPC rows: a unary echo over 127.0.0.1 to servers whose interceptors are "
-                   "none (plain), 2 pass-throughs (2 no-op), 2 that wrap the handler, "
-                   "bucketimer.grpc's SlowCallInterceptor + ServerDeadlineInterceptor "
-                   "(deadline+slow) and its parts; the servers' calls take turns; a round = "
-                   "one fresh set of servers, its median per call.")
-    if any(r["group"] == "core" for r in recs):
-        out.append(f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
-                   f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one "
-                   "mutex around one binary heap.")
-    return out
+def _group_text(group: str, recs: list[dict[str, Any]], machine: dict[str, Any]
+                ) -> list[str]:
+    """What a group's rows mean, and its verdicts."""
+    if group == "lateness":
+        return ["Lateness = callback start - deadline (early fires: negative)."]
+    if group == "core":
+        return [f"Core rows: the C core alone, schedule+cancel loops in C on 1..N Python "
+                f"threads (GIL released); bucketimer = bucketed core, {REF_HEAP} = one "
+                "mutex around one binary heap.", *core_verdict(recs, machine)]
+    if group == "reset":
+        return reset_verdict(recs)
+    if group == "service":
+        return ["Service rows: a streams server on 127.0.0.1, one process per turn, under N "
+                "connections of a load generator in another process; latency from the "
+                "client, stall = the server's heartbeat lateness, busy = share of the window "
+                "a process's loop thread ran or waited for a CPU.", *service_verdict(recs)]
+    if group == "grpc":
+        return ["gRPC rows: time per unary echo call over 127.0.0.1 to servers whose "
+                "interceptors are none (plain: no bucketimer), 2 pass-throughs (2 no-op), 2 "
+                "that wrap the handler (2 wrappers), bucketimer.grpc's SlowCallInterceptor + "
+                "ServerDeadlineInterceptor (deadline+slow), the two as one (combined) and its "
+                "parts; the servers' calls take turns; a round = one fresh set of servers, its "
+                "median per call.", *grpc_verdict(recs)]
+    return []
 
 
 def _notes(meta: dict[str, Any]) -> list[str]:
@@ -219,7 +136,7 @@ def core_verdict(recs: list[dict[str, Any]], machine: dict[str, Any]) -> list[st
     for r in recs:
         if r["contender"] != BUCKETIMER or not r["workload"].startswith("core@"):
             continue
-        nt = r.get("threads") or 1
+        nt = int(r.get("threads") or 1)  # a DataFrame's column of counts holds floats
         ref = by.get((r["workload"], REF_HEAP))
         if ref is None or nt == 1 or _isnan(ref["median"]) or not ref["median"]:
             continue

@@ -217,7 +217,7 @@ def run_turn(contender: str, conns: int, warmup: float, window: float,
 # (workload key, label, unit, better, the Turn field, scale)
 ROWS = (
     ("rps", "service requests/s", "req/s", "higher", "rps", 1.0),
-    ("rps_cpu", "  requests per server CPU-second", "req/s", "higher", "rps_per_cpu", 1.0),
+    ("rps_cpu", "  per server CPU-second", "req/s", "higher", "rps_per_cpu", 1.0),
     ("p50", "service latency p50", "ns", "lower", "p50_ns", 1.0),
     ("p99", "service latency p99", "ns", "lower", "p99_ns", 1.0),
     ("stall", "service worst loop stall", "ns", "lower", "stall_ns", 1.0),
