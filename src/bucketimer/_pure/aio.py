@@ -17,15 +17,16 @@ from ._default import deliver_due
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
 
-_ENTERED = timeouts._State.ENTERED
+# (private in typeshed, which also marks Timeout final; at run time a class)
+_ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
 
 
-class Timeout(timeouts.Timeout):
+class Timeout(timeouts.Timeout):  # type: ignore[misc]
     """``asyncio.Timeout``; a deadline already reached comes after the
     TimerThread's timers due by then."""
 
     def reschedule(self, when: float | None) -> None:
-        if when is not None and self._state is _ENTERED:
+        if when is not None and self._state is _ENTERED:  # type: ignore[attr-defined]
             _deliver_if_reached(when)
         super().reschedule(when)
 
