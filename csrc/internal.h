@@ -196,6 +196,15 @@ struct bt_timer_thread {
     int64_t nearest;              /* global nearest deadline, under wake_mutex */
     _Atomic uint32_t nsignals;    /* futex word; bumped under wake_mutex */
     _Atomic int stop;
+    /* delivery on request (bt_deliver_due): tickets asked and served, the
+     * tickets the pass in progress serves, and whether the thread sleeps
+     * and until when; under wake_mutex (`serving` and `done` are written by
+     * the thread alone, which may read them without it) */
+    uint64_t deliver_asked, deliver_serving, deliver_done;
+    pthread_cond_t delivered;
+    int asleep;
+    int64_t asleep_until;
+    _Atomic uint32_t held; /* futex word of bt_test_hold: 1 while held */
     /* bt_stop's join, one caller at a time (lifecycle.c, "stop, drop, destroy") */
     pthread_mutex_t stop_mutex;
     int started;         /* a thread exists and was not joined; stop_mutex */
@@ -411,9 +420,15 @@ int bt__begin_pass(bt_timer_thread *tt, int *do_collect);
 /* The thread, within a pass: whether a wake since the last look asks for a
  * collect at `now` (brpc's pull_again; pass.c). */
 int bt__signalled_since(bt_timer_thread *tt, int64_t now);
+/* The thread, after a pass: if it fired everything due (fired_all),
+ * answers the delivery requests it took at bt__begin_pass. */
+void bt__end_pass(bt_timer_thread *tt, int fired_all);
 /* The thread: sleeps until `next` or the global nearest if earlier, or
- * until a wake.  1 if stopped. */
+ * until a wake; not at all while a delivery request waits.  1 if stopped. */
 int bt__sleep_until(bt_timer_thread *tt, int64_t next);
+/* bt_deliver_due's wait for the thread (a real one), `now` read by the
+ * caller. */
+int bt__deliver_due(bt_timer_thread *tt, int64_t now);
 /* The global nearest deadline of the lists (a lower bound), or BT_NEVER. */
 int64_t bt__lists_nearest(bt_timer_thread *tt);
 

@@ -140,6 +140,7 @@ static int init_state(bt_timer_thread *tt, const bt_options *opt) {
         tt->buckets[b].prune_at = bt__prune_at(tt, 0);
     }
     pthread_mutex_init(&tt->wake_mutex, NULL);
+    pthread_cond_init(&tt->delivered, NULL);
     pthread_mutex_init(&tt->advance_mutex, NULL);
     pthread_mutex_init(&tt->ports_mutex, NULL);
     pthread_mutex_init(&tt->stop_mutex, NULL);
@@ -270,6 +271,7 @@ void bt__destroy_now(bt_timer_thread *tt) {
     bt__pool_destroy(tt);
     for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_destroy(&tt->buckets[b].mutex);
     pthread_mutex_destroy(&tt->wake_mutex);
+    pthread_cond_destroy(&tt->delivered);
     pthread_mutex_destroy(&tt->advance_mutex);
     pthread_mutex_destroy(&tt->ports_mutex);
     pthread_mutex_destroy(&tt->stop_mutex);

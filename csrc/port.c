@@ -200,6 +200,11 @@ void bt_port_ack(bt_port *port) {
     atomic_store(&port->signalled, 0);
 }
 
+int32_t bt_port_has_posted(bt_port *port) {
+    if (bt__forked(port->tt)) return 0;
+    return port->batch != NULL || atomic_load(&port->stack) != NULL;
+}
+
 bt_timer *bt_port_pop(bt_port *port) {
     if (bt__forked(port->tt)) return NULL; /* the parent's to run */
     if (!port->batch) {

@@ -77,12 +77,15 @@ static void leave_pass(struct bt__pass_frame *f) { bt__passes = f->outer; }
  * pass. */
 
 /* Collects if asked, fires what is due, runs a slice of a sweep in
- * progress.  1 if more garbage work is waiting (no sleep before it). */
-static int run_pass(bt_timer_thread *tt, int do_collect) {
+ * progress.  1 if more garbage work is waiting (no sleep before it).
+ * *fired_all: the pass fired everything due (it did not stop at its budget
+ * of dead entries). */
+static int run_pass(bt_timer_thread *tt, int do_collect, int *fired_all) {
     if (do_collect) bt__collect_lists(tt, 0);
     int more_dead = 0;
     /* The clock is read after the collect: never fire on a stale now. */
     bt__one_pass(tt, bt_now_ns(), 0, BT_DEAD_POP_SLICE, &more_dead);
+    *fired_all = !more_dead;
     if (tt->sweep_cursor == SIZE_MAX) return more_dead;
     bt__sweep_some(tt, BT_SWEEP_SLICE);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
@@ -97,6 +100,40 @@ static int sleep_until_due(bt_timer_thread *tt) {
     return bt__sleep_until(tt, top ? top->deadline : BT_NEVER);
 }
 
+/* bt_test_hold: a held thread starts no pass, as one that waits for a CPU
+ * (bt__wake_to_stop lets it go). */
+static void wait_while_held(bt_timer_thread *tt) {
+    while (atomic_load_explicit(&tt->held, memory_order_acquire))
+        bt__futex_wait(&tt->held, 1, -1);
+}
+
+int bt_test_hold(bt_timer_thread *tt, int32_t hold) {
+    if (!tt || tt->opt.manual_clock) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD;
+    /* Under wake_mutex, where bt__wake_to_stop sets the stop flag and lets
+     * the thread go: no hold lands after a stop. */
+    pthread_mutex_lock(&tt->wake_mutex);
+    int stopped = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+    if (!stopped) atomic_store_explicit(&tt->held, hold ? 1 : 0, memory_order_release);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    if (stopped) return hold ? -ESHUTDOWN : 0;
+    if (!hold) bt__futex_wake(&tt->held);
+    return 0;
+}
+
+/* ---- delivery on request (wake.c has the protocol) ------------------------ */
+
+int bt_deliver_due(bt_timer_thread *tt) {
+    if (!tt) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD;
+    /* Manual clock: what is due was posted by the bt_advance that made it
+     * due; nothing else ever fires. */
+    if (tt->opt.manual_clock) return 0;
+    /* One of this core's own callbacks: its thread cannot wait for itself. */
+    if (bt__in_pass_of(tt)) return -EDEADLK;
+    return bt__deliver_due(tt, bt_now_ns());
+}
+
 void *bt__timer_thread_main(void *arg) {
     bt_timer_thread *tt = arg;
     struct bt__pass_frame frame; /* every callback on this thread is inside it */
@@ -107,11 +144,15 @@ void *bt__timer_thread_main(void *arg) {
      * thread per process can afford 1 ns. */
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
-    int do_collect = 0;
-    while (!bt__begin_pass(tt, &do_collect)) {
+    int do_collect = 0, fired_all;
+    for (;;) {
+        wait_while_held(tt);
+        if (bt__begin_pass(tt, &do_collect)) break;
+        int more = run_pass(tt, do_collect, &fired_all);
+        bt__end_pass(tt, fired_all);
         /* Garbage left: the next slice comes after another look at what is
          * due, without a sleep. */
-        if (run_pass(tt, do_collect)) continue;
+        if (more) continue;
         if (sleep_until_due(tt)) break;
     }
     leave_pass(&frame);

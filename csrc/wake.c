@@ -10,6 +10,8 @@
  * sleeps expecting that counter, so a wake that lands in between makes the
  * sleep return at once: no wake is lost.
  */
+#include <errno.h>
+
 #include "internal.h"
 
 /* ---- the callers' side ---------------------------------------------------- */
@@ -43,8 +45,44 @@ void bt__wake_to_stop(bt_timer_thread *tt) {
     pthread_mutex_lock(&tt->wake_mutex);
     atomic_store(&tt->stop, 1);
     atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+    pthread_cond_broadcast(&tt->delivered); /* nothing more is delivered */
+    atomic_store(&tt->held, 0);             /* a held thread must see the stop */
     pthread_mutex_unlock(&tt->wake_mutex);
     bt__futex_wake(&tt->nsignals);
+    bt__futex_wake(&tt->held);
+}
+
+/* ---- delivery on request -------------------------------------------------
+ * bt_deliver_due: the caller takes a ticket and waits until a pass that
+ * began after the ticket was taken has fired everything due.  Such a pass
+ * collects the lists (bt__begin_pass collects while a ticket waits) and
+ * reads its clock after the caller's, so it posts every timer due at the
+ * caller's `now`.  No wait at all when the thread sleeps until after `now`
+ * with the lists' nearest after it too: nothing due is left unposted. */
+
+/* Under wake_mutex: nothing of the core is due at `now` and not yet
+ * posted. */
+static int nothing_due_locked(bt_timer_thread *tt, int64_t now) {
+    return tt->asleep && tt->asleep_until > now && tt->nearest > now;
+}
+
+int bt__deliver_due(bt_timer_thread *tt, int64_t now) {
+    pthread_mutex_lock(&tt->wake_mutex);
+    if (atomic_load_explicit(&tt->stop, memory_order_relaxed) || nothing_due_locked(tt, now)) {
+        int stopped = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+        pthread_mutex_unlock(&tt->wake_mutex);
+        return stopped ? -ESHUTDOWN : 0;
+    }
+    uint64_t ticket = ++tt->deliver_asked;
+    atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    bt__futex_wake(&tt->nsignals);
+    pthread_mutex_lock(&tt->wake_mutex);
+    while (tt->deliver_done < ticket && !atomic_load_explicit(&tt->stop, memory_order_relaxed))
+        pthread_cond_wait(&tt->delivered, &tt->wake_mutex);
+    int rc = tt->deliver_done < ticket ? -ESHUTDOWN : 0;
+    pthread_mutex_unlock(&tt->wake_mutex);
+    return rc;
 }
 
 void bt__request_collect(bt_timer_thread *tt) {
@@ -74,15 +112,35 @@ static int collect_requested_locked(bt_timer_thread *tt, int64_t now) {
     return 1;
 }
 
+/* Under wake_mutex: a delivery request is waiting. */
+static int delivery_asked_locked(bt_timer_thread *tt) {
+    return tt->deliver_asked != tt->deliver_done;
+}
+
 int bt__begin_pass(bt_timer_thread *tt, int *do_collect) {
     pthread_mutex_lock(&tt->wake_mutex);
     int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+    tt->asleep = 0;
     if (!stop) {
         *do_collect = collect_requested_locked(tt, bt_now_ns());
+        if (delivery_asked_locked(tt) && !*do_collect) {
+            /* the lists are taken whole: their nearest is gone with them */
+            *do_collect = 1;
+            tt->nearest = BT_NEVER;
+        }
+        tt->deliver_serving = tt->deliver_asked;
         tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
     }
     pthread_mutex_unlock(&tt->wake_mutex);
     return stop;
+}
+
+void bt__end_pass(bt_timer_thread *tt, int fired_all) {
+    if (!fired_all || tt->deliver_serving == tt->deliver_done) return;
+    pthread_mutex_lock(&tt->wake_mutex);
+    tt->deliver_done = tt->deliver_serving;
+    pthread_cond_broadcast(&tt->delivered);
+    pthread_mutex_unlock(&tt->wake_mutex);
 }
 
 int bt__signalled_since(bt_timer_thread *tt, int64_t now) {
@@ -100,8 +158,14 @@ int bt__sleep_until(bt_timer_thread *tt, int64_t next) {
     if (tt->nearest < next) next = tt->nearest;
     uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
     int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+    int asked = delivery_asked_locked(tt);
+    if (!asked) {
+        tt->asleep = 1;
+        tt->asleep_until = next;
+    }
     pthread_mutex_unlock(&tt->wake_mutex);
     if (stop) return 1;
+    if (asked) return 0; /* the next pass serves it */
     int64_t now = bt_now_ns();
     if (next > now) bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
     return 0;

@@ -101,7 +101,7 @@ typedef struct {
     PyObject *step_store[STEP_FREELIST];
     /* interned names */
     PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_cancel, *str_cancelling;
-    PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions;
+    PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions, *str_drain;
 } ext_state;
 
 /* The state's strong references (module.c's traverse and clear) and its
@@ -117,7 +117,8 @@ typedef struct {
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
     X(str_call_soon, "call_soon")                                                       \
     X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
-    X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")
+    X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")         \
+    X(str_drain, "drain")
 
 extern struct PyModuleDef ext_module_def;
 
@@ -246,6 +247,10 @@ int ext_check_open(TimerThreadObject *self);
 PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop);
 /* The process default TimerThread (borrowed), made anew once closed. */
 TimerThreadObject *ext_default_tt(ext_state *st);
+/* Before a callback is queued on `loop` with call_soon: the default
+ * TimerThread's timers due for that loop go first (docs/design.rst, "Order
+ * on the loop").  0, or -1 with an exception. */
+int ext_deliver_due(ext_state *st, PyObject *loop);
 
 /* handle_type.c */
 /* A Handle for cb(*args) delivered through `port` (a reference it takes

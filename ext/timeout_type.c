@@ -137,12 +137,14 @@ static PyMethodDef on_timeout_def = {"_on_timeout", (PyCFunction)Timeout_on_time
                                      NULL};
 
 /* A deadline already reached goes to loop.call_soon, as in asyncio: it
- * fires on the very next iteration, in order with other ready callbacks. */
+ * fires on the very next iteration, in order with other ready callbacks,
+ * after the core's timers due for this loop (ext_deliver_due). */
 static PyObject *expire_soon(TimeoutObject *self, PyObject *loop) {
     if (!self->on_timeout) {
         self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
         if (!self->on_timeout) return NULL;
     }
+    if (ext_deliver_due(self->st, loop) < 0) return NULL;
     return PyObject_CallMethodOneArg(loop, self->st->str_call_soon, self->on_timeout);
 }
 

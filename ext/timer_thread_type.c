@@ -7,8 +7,9 @@
  * a new port to its consumer (_attach: the loop's reader, the dispatcher
  * thread).  Its fields are touched with the GIL held; the one place in the
  * module that lets the GIL go is here, Py_BEGIN_ALLOW_THREADS around
- * bt_create, bt_stop (it joins the timer thread), bt_destroy and
- * bt_get_stats; bt_drop_all's ext_drop_handle runs after bt_stop, with the
+ * bt_create, bt_stop (it joins the timer thread), bt_destroy,
+ * bt_deliver_due (it may wait for the thread's pass) and bt_get_stats;
+ * bt_drop_all's ext_drop_handle runs after bt_stop, with the
  * GIL back.
  */
 #include "module.h"
@@ -255,6 +256,49 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
     return port;
 }
 
+/* ---- order on the loop (docs/design.rst, "Order on the loop") -------------
+ * Something queued with loop.call_soon after a deadline passed must come
+ * after the timers due by then, as in asyncio's heap; a timer due in the
+ * core may still wait for the timer thread or sit in the port, unseen until
+ * the loop's next poll.  So the core is asked to post what is due
+ * (bt_deliver_due), and if the loop's port then holds anything its drain is
+ * queued first.  A loop with no port has no timers to wait for. */
+
+static int deliver_to(TimerThreadObject *self, PyObject *loop) {
+    PyObject *known = PyDict_GetItemWithError(self->ports, loop);
+    if (!known) return PyErr_Occurred() ? -1 : 0;
+    PortObject *port = (PortObject *)Py_NewRef(known);
+    Py_INCREF(self); /* the core lives while we wait, whoever closes it */
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = bt_deliver_due(self->core);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(self);
+    /* stopped or forked: nothing of it will ever run here */
+    int ok = rc == 0 || rc == -ESHUTDOWN || rc == -ECHILD;
+    if (!ok) ext_raise_errno(rc, "bt_deliver_due");
+    if (ok && rc == 0 && port_is_open(port) && bt_port_has_posted(port->port)) {
+        PyObject *drain = PyObject_GetAttr((PyObject *)port, self->st->str_drain);
+        PyObject *h = drain ? PyObject_CallMethodOneArg(loop, self->st->str_call_soon, drain)
+                            : NULL;
+        Py_XDECREF(drain);
+        Py_XDECREF(h);
+        ok = h != NULL;
+    }
+    Py_DECREF(port);
+    return ok ? 0 : -1;
+}
+
+/* TimerThread._test_hold(hold): test only (bt_test_hold). */
+static PyObject *TimerThread_test_hold(TimerThreadObject *self, PyObject *arg) {
+    int hold = PyObject_IsTrue(arg);
+    if (hold < 0) return NULL;
+    if (ext_check_open(self) < 0) return NULL;
+    int rc = bt_test_hold(self->core, hold);
+    if (rc) return ext_raise_errno(rc, "_test_hold");
+    Py_RETURN_NONE;
+}
+
 static PyObject *TimerThread_port(TimerThreadObject *self, PyObject *loop) {
     if (ext_check_open(self) < 0) return NULL;
     return (PyObject *)ext_port_for(self, loop);
@@ -397,6 +441,9 @@ static PyMethodDef TimerThread_methods[] = {
     {"_orphans", (PyCFunction)TimerThread_orphans, METH_NOARGS, NULL},
     {"_close_core", (PyCFunction)TimerThread_close_core, METH_NOARGS, NULL},
     {"_scheduler", (PyCFunction)ext_TimerThread_scheduler, METH_VARARGS, NULL},
+    {"_test_hold", (PyCFunction)TimerThread_test_hold, METH_O,
+     "_test_hold(hold)\n\nTest only: while held, the timer thread runs no pass, as one "
+     "waiting for a CPU; close() lets it go."},
     {NULL}};
 
 static PyGetSetDef TimerThread_getset[] = {
@@ -464,4 +511,11 @@ TimerThreadObject *ext_default_tt(ext_state *st) {
     }
     Py_XSETREF(st->default_tt, n);
     return (TimerThreadObject *)n;
+}
+
+/* The default TimerThread's due timers for `loop`, ahead of a call_soon
+ * (above, "order on the loop"); none to wait for if there is none yet. */
+int ext_deliver_due(ext_state *st, PyObject *loop) {
+    TimerThreadObject *tt = (TimerThreadObject *)st->default_tt;
+    return is_live(tt) ? deliver_to(tt, loop) : 0;
 }

@@ -220,6 +220,22 @@ int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns);
  * scheduled still fires at the next bt_advance); with a thread, a hint. */
 int64_t bt_next_deadline(bt_timer_thread *tt);
 
+/* Delivers every timer of tt due now: when it returns 0, each timer whose
+ * deadline had passed when it was called (and that was scheduled before the
+ * call) has been posted to its port or run, native, so a consumer that
+ * pops its port now finds them.  A consumer calls this before it queues
+ * work of its own that must come after them (docs/design.rst, "Order on the
+ * loop").  It waits for the timer thread's next pass unless the thread
+ * sleeps until after now with nothing due; call it holding no lock the
+ * thread's native callbacks take.  Returns 0, -ESHUTDOWN once stopped,
+ * -EDEADLK from one of tt's own native callbacks, -ECHILD after fork;
+ * in manual-clock mode 0 at once (bt_advance posts what it makes due). */
+int bt_deliver_due(bt_timer_thread *tt);
+/* Test only: while held (hold != 0) the timer thread starts no pass, as if
+ * it waited for a CPU; bt_deliver_due waits for it.  bt_stop lets it go.
+ * -EINVAL in manual-clock mode. */
+int bt_test_hold(bt_timer_thread *tt, int32_t hold);
+
 void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
 
 /* ---- ports -------------------------------------------------------------- */
@@ -259,6 +275,8 @@ bt_port *bt_orphans(bt_timer_thread *tt);
 void bt_port_ack(bt_port *port);
 /* Re-signals the port (used when a consumer stops early with items left). */
 void bt_port_signal(bt_port *port);
+/* Nonzero if bt_port_pop would return a timer. */
+int32_t bt_port_has_posted(bt_port *port);
 /* Next posted timer in fire order, or NULL when the port is empty. */
 bt_timer *bt_port_pop(bt_port *port);
 /* Id and payload of a popped timer. */

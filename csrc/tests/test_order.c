@@ -12,6 +12,7 @@
  * Prints one line per test and "N passed, N failed".
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -328,6 +329,56 @@ static void test_due_timer_does_not_wait_behind_port_posts(void) {
 
 /* ---- main ------------------------------------------------------------------- */
 
+/* ---- delivery on request (bt_deliver_due) ---------------------------------
+ * A timer due while the thread is held (bt_test_hold: as if it waited for a
+ * CPU) is in its port when bt_deliver_due returns, which waits for the
+ * thread; with nothing due it returns at once; a stop ends a wait. */
+
+static void *release_hold_later(void *arg) {
+    test_thread = 1;
+    usleep(20000);
+    CHECK(bt_test_hold(arg, 0) == 0);
+    return NULL;
+}
+
+static void *stop_later(void *arg) {
+    test_thread = 1;
+    usleep(20000);
+    CHECK(bt_stop(arg) == 0);
+    return NULL;
+}
+
+static void test_deliver_due_waits_for_a_held_thread(void) {
+    bt_timer_thread *tt = threaded_core();
+    bt_port *p = open_port(tt);
+    int payload;
+    uint64_t id, got[2];
+    pthread_t th;
+    CHECK(bt_deliver_due(tt) == 0); /* nothing scheduled: at once */
+    CHECK(bt_test_hold(tt, 1) == 0);
+    CHECK(bt_schedule_port(tt, bt_now_ns() + 1 * MS, p, &payload, &id) == 0);
+    usleep(5000);
+    CHECK(!bt_port_has_posted(p)); /* due, but the thread is held */
+    CHECK(pthread_create(&th, NULL, release_hold_later, tt) == 0);
+    CHECK(bt_deliver_due(tt) == 0);
+    CHECK(bt_port_has_posted(p));
+    CHECK(bt_port_drain_ids(p, got, 2) == 1 && got[0] == id);
+    pthread_join(th, NULL);
+    /* far away: the thread sleeps past now, nothing to wait for */
+    CHECK(bt_schedule_port(tt, bt_now_ns() + 10000 * MS, p, &payload, &id) == 0);
+    usleep(5000);
+    CHECK(bt_deliver_due(tt) == 0);
+    CHECK(!bt_port_has_posted(p));
+    CHECK(bt_test_hold(tt, 1) == 0);
+    CHECK(bt_schedule_port(tt, bt_now_ns(), p, &payload, &id) == 0);
+    CHECK(pthread_create(&th, NULL, stop_later, tt) == 0);
+    CHECK(bt_deliver_due(tt) == -ESHUTDOWN);
+    pthread_join(th, NULL);
+    CHECK(bt_test_hold(tt, 1) == -ESHUTDOWN);
+    CHECK(bt_drop_all(tt, NULL, NULL) == 2);
+    CHECK(bt_destroy(tt) == 0);
+}
+
 int main(void) {
     test_thread = 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -336,6 +387,7 @@ int main(void) {
         {"due_timer_does_not_wait_behind_a_batch", test_due_timer_does_not_wait_behind_a_batch},
         {"due_timer_does_not_wait_behind_port_posts",
          test_due_timer_does_not_wait_behind_port_posts},
+        {"deliver_due_waits_for_a_held_thread", test_deliver_due_waits_for_a_held_thread},
     };
     return RUN_TESTS(tests);
 }

@@ -17,33 +17,6 @@ import warnings
 
 import bucketimer
 
-#: CPython tests that can see the one ordering a loaded machine changes
-#: (docs/asyncio.rst, "One ordering can differ on a loaded machine"): when
-#: one fails, it runs again on its own, up to RERUNS times, and the JSON line
-#: names it, so that a pass on a rerun is reported, not hidden.
-TIMING = {"test_nested_timeouts"}
-RERUNS = 3
-
-
-def _rerun(result: unittest.TestResult) -> dict[str, int]:
-    """Runs each failed TIMING test again; drops it from the failures when a
-    run passes.  {test id: the runs it took}."""
-    reruns: dict[str, int] = {}
-    for case, trace in list(result.failures):
-        name = case.id().rsplit(".", 1)[-1]
-        if name not in TIMING:
-            continue
-        for attempt in range(1, RERUNS + 1):
-            again = unittest.TestResult()
-            type(case)(name).run(again)
-            if again.wasSuccessful():
-                result.failures.remove((case, trace))
-                reruns[case.id()] = attempt + 1
-                print(f"{case.id()} failed, then passed on run {attempt + 1}:\n{trace}",
-                      file=sys.stderr)
-                break
-    return reruns
-
 
 def main(name: str) -> int:
     assert bucketimer.patch_asyncio()
@@ -58,7 +31,6 @@ def main(name: str) -> int:
     module = importlib.import_module(f"test.test_asyncio.{name}")
     suite = unittest.defaultTestLoader.loadTestsFromModule(module)
     result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1).run(suite)
-    reruns = _rerun(result)
     print(json.dumps({
         "run": result.testsRun,
         "failures": len(result.failures),
@@ -67,7 +39,6 @@ def main(name: str) -> int:
         "loop": loop_class,
         "patched": asyncio.timeout is bucketimer.timeout,
         "native_scheduled": tt.stats()["scheduled"] - before,
-        "reruns": reruns,
     }))
     return 0
 

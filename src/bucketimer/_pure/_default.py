@@ -35,6 +35,15 @@ def default_timer_thread() -> TimerThread:
     return tt
 
 
+def deliver_due(loop: asyncio.AbstractEventLoop) -> None:
+    """The default TimerThread's timers due for ``loop`` are handed to it
+    before what the caller queues next (docs/design.rst, "Order on the
+    loop"); none to wait for if there is no default yet."""
+    tt = _default
+    if tt is not None and not tt.closed:
+        tt._sched.deliver_due(loop)
+
+
 def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
                loop: asyncio.AbstractEventLoop | None = None,
                context: contextvars.Context | None = None) -> Handle:

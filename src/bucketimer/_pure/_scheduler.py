@@ -41,10 +41,14 @@ class Scheduler:
         self._buckets = buckets
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        # passes taken but not yet handed over; deliver_due waits for them
+        self._submitting = 0
+        self._submitted = threading.Condition(self._lock)
         self._heap: list[tuple[int, int, Handle]] = []
         self._ids = itertools.count(1)
         self._dead = 0  # heap entries no longer PENDING (cancelled, or dropped with their loop)
         self._closed = False
+        self._held = False  # TimerThread._test_hold
         self._loops: dict[asyncio.AbstractEventLoop, LoopOutbox] = {}
         self._dispatcher = DispatcherOutbox(self)
         self._inflight: dict[int, Batch] = {}  # posted batches not yet started
@@ -121,11 +125,39 @@ class Scheduler:
         while True:
             with self._lock:
                 batches = self._wait_for_due()
-            if batches is None:
+                if batches is None:
+                    return
+                self._submitting += 1
+            try:
+                self._submit(batches)
+            finally:
+                with self._lock:
+                    self._submitting -= 1
+                    self._submitted.notify_all()
+
+    def _submit(self, batches: dict[Outbox, Batch]) -> None:
+        """Hands each outbox its batch (lock not held)."""
+        for outbox, batch in batches.items():
+            if not outbox.submit(batch):
+                self.drop(batch)
+
+    def deliver_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hands over every timer due now before the caller, in ``loop``'s
+        thread, queues a callback that must come after them
+        (docs/design.rst, "Order on the loop").  A pass the thread took is
+        waited for until it is handed over; what is due and not yet taken,
+        the caller takes itself."""
+        with self._lock:
+            if loop not in self._loops:
                 return
-            for outbox, batch in batches.items():
-                if not outbox.submit(batch):
-                    self.drop(batch)
+            while self._submitting and not self._closed:
+                self._submitted.wait()
+            heap = self._heap
+            now = monotonic_ns()
+            if self._closed or not heap or heap[0][0] > now:
+                return
+            batches = self._take_due(now)
+        self._submit(batches)
 
     def _wait_for_due(self) -> dict[Outbox, Batch] | None:
         """Sleeps until a timer is due (lock held); None once closed."""
@@ -134,9 +166,10 @@ class Scheduler:
             while heap and heap[0][2]._state != PENDING:
                 self._discard(heapq.heappop(heap)[2])
             now = monotonic_ns()
-            if heap and heap[0][0] <= now:
+            if heap and heap[0][0] <= now and not self._held:
                 return self._take_due(now)
-            timeout = None if not heap else min((heap[0][0] - now) / 1e9, threading.TIMEOUT_MAX)
+            timeout = None if not heap or self._held else min(
+                (heap[0][0] - now) / 1e9, threading.TIMEOUT_MAX)
             self._wake.wait(timeout)
             self._counts["wakeups"] += 1
         return None
@@ -159,6 +192,13 @@ class Scheduler:
             self._counts["posted"] += len(batch)
         self._counts["eventfd_writes"] += len(batches)
         return batches
+
+    def hold(self, held: bool) -> None:
+        """Test only (``TimerThread._test_hold``): the thread takes no due
+        timer while held."""
+        with self._lock:
+            self._held = held
+            self._wake.notify()
 
     # -- the consumers (a loop's thread, the dispatcher) ----------------------------
 
@@ -242,6 +282,7 @@ class Scheduler:
             self._inflight.clear()
             self._loops.clear()
             self._wake.notify_all()
+            self._submitted.notify_all()
         no_loop = sum(handle._outbox is self._dispatcher for handle in dropped)
         for handle in dropped:
             handle._release()
@@ -255,6 +296,8 @@ class Scheduler:
         held by one of them; refuse all work from now on."""
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        self._submitting = 0
+        self._submitted = threading.Condition(self._lock)
         for entry in self._heap:
             entry[2]._state = DROPPED
         self._heap.clear()

@@ -115,6 +115,12 @@ class TimerThread:
         """
         self._sched.close(join_timeout=1.0)
 
+    def _test_hold(self, hold: bool) -> None:
+        """Test only: while held, the timer thread takes no due timer, as
+        one waiting for a CPU; ``close()`` lets it go."""
+        self._check_open()
+        self._sched.hold(bool(hold))
+
     def __enter__(self) -> TimerThread:
         return self
 

@@ -1,0 +1,82 @@
+"""A timer due in the core reaches the loop before a timeout entered after
+its deadline passed, as in asyncio's heap (docs/design.rst, "Order on the
+loop"), however late the timer thread is.
+
+The timer thread is held (``TimerThread._test_hold``, a test-only hook: it
+starts no pass, as a thread waiting for a CPU would) while the task is held
+past the deadline between two ``async with``: CPython's
+``test_timeouts.test_nested_timeouts`` on a busy machine, made
+deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import bucketimer
+from bucketimer import aio
+
+# How long the thread stays held: a timer thread that waited this long for
+# a CPU.  The loop must not run ahead of it in the meantime.
+HELD_FOR = 0.3
+
+
+@pytest.fixture
+def held() -> Iterator[threading.Timer]:
+    """Holds the default TimerThread's thread; lets it go after HELD_FOR
+    from when the test starts the timer, and at the end in any case."""
+    tt = bucketimer.default_timer_thread()
+    tt._test_hold(True)
+    release = threading.Timer(HELD_FOR, tt._test_hold, (False,))
+    try:
+        yield release
+    finally:
+        release.cancel()
+        tt._test_hold(False)
+
+
+def test_nested_timeouts_with_the_timer_thread_held(run, held):
+    async def main():
+        loop = asyncio.get_running_loop()
+        cancelled = False
+        with pytest.raises(TimeoutError):
+            deadline = loop.time() + 0.01
+            async with aio.timeout_at(deadline) as cm1:
+                time.sleep(0.03)  # the task held past the deadline
+                held.start()
+                try:
+                    async with aio.timeout_at(deadline) as cm2:
+                        await asyncio.sleep(10)
+                except asyncio.CancelledError:
+                    cancelled = True
+                    raise
+        # Only the outer one raises; both expired.
+        return cancelled, cm1.expired(), cm2.expired()
+
+    assert run(main()) == (True, True, True)
+
+
+def test_a_due_timer_runs_before_a_passed_timeout_fires(run, held):
+    """A plain timer of the loop, due before a timeout is entered with a
+    deadline already passed, runs first: the order of their deadlines."""
+    order = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        tt = bucketimer.default_timer_thread()
+        tt.call_at(loop.time() + 0.005, order.append, "timer", loop=loop)
+        time.sleep(0.02)
+        held.start()
+        try:
+            async with aio.timeout(0):
+                await asyncio.sleep(10)
+        except TimeoutError:
+            order.append("timeout")
+
+    run(main())
+    assert order == ["timer", "timeout"]
