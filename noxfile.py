@@ -222,6 +222,28 @@ def tsan(session: nox.Session) -> None:
     )
 
 
+# CBMC (Debian's package) in the x86 root of DEBIAN_PYTHON, installed on first
+# use; the root's package lists may be older than the mirror's Valid-Until.
+CBMC_INSTALL = (
+    "command -v cbmc >/dev/null || { apt-get -o Acquire::Check-Valid-Until=false update -qq"
+    " && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cbmc >/dev/null; }"
+)
+
+
+@nox.session(python=False)
+def model(session: nox.Session) -> None:
+    """Model checks of the core's lock-free protocols (csrc/model/, run by
+    tools/model_check.py): CBMC over every interleaving of each harness's
+    threads, under sequential consistency and partial store order, and each
+    recorded mutation must give a counter-example.  In DEBIAN_PYTHON's root,
+    which gets CBMC on first use.  Posargs: harness names, and ``quick`` for
+    sequential consistency only."""
+    deb = str(DEBIAN_PYTHON)
+    session.run(deb, "run", str(ROOT), "--", "bash", "-c", CBMC_INSTALL, external=True)
+    session.run(deb, "run", str(ROOT), "--", "python3.14", "tools/model_check.py",
+                *session.posargs, external=True)
+
+
 @nox.session(python=False)
 def asan(session: nox.Session) -> None:
     """The C tests under ASan+UBSan (leak checks on): where a use-after-free

@@ -1,0 +1,167 @@
+"""Model checks of the core's lock-free protocols with CBMC (csrc/model/).
+
+Each harness csrc/model/NAME.c includes the core's real C and checks one
+property over every interleaving of its threads; its header comment says
+what, with which bounds, and lists two kinds of lines this script reads:
+
+    adapt FILE: OLD => NEW       applied to the model copy of csrc/ always
+    mutation NAME MODEL FILE: OLD => NEW
+                                 applied to a copy for one extra run, which
+                                 must FAIL (a counter-example) under MODEL:
+                                 ``sc``, or ``weak`` for an ordering that only
+                                 a weak memory model can show
+
+(OLD and NEW are one line each, ``\\n`` for a line break; OLD must occur
+exactly once in FILE.)  Every harness is checked under sequential
+consistency and under CBMC's partial-store-order model (``cbmc --mm pso``:
+stores may overtake stores and loads; fences restore the order), and each
+mutation under the model it names.  The verdicts and times are printed as a
+table; the exit status is 1 if a harness fails or a mutation is not
+caught.
+
+Run in the Debian root where CBMC is installed: ``nox -s model`` does that.
+Arguments: harness names to run only those; ``quick`` for sequential
+consistency only (the harnesses and their ``sc`` mutations).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = ROOT / "csrc"
+MODEL = CSRC / "model"
+WEAK = "pso"
+# A bound for every loop: each retry of a CAS loop needs another thread's
+# step, and no harness has more than a few; --unwinding-assertions proves
+# the bound is enough rather than assuming it.
+CBMC = ["cbmc", "--no-standard-checks", "--unwind", "4", "--unwinding-assertions"]
+# What every model copy gets (each edit replaces every occurrence in FILE):
+# - a slot directory of 2 blocks instead of 65536, which CBMC would otherwise
+#   carry in every state of the core struct;
+# - one bucket, named as such: the harnesses' cores have one, where the real
+#   expressions give 0 too, but CBMC reads a slot's `bucket` (or the caller's
+#   thread index) as a shared variable any thread might have changed, and a
+#   store through a pointer at an unknown offset into a struct that holds
+#   pointers is what its concurrency support refuses.
+GLOBAL_ADAPT = [
+    ("internal.h", "#define BT_MAX_BLOCKS (1u << 16)", "#define BT_MAX_BLOCKS 2u"),
+    ("bucket.c", "return k < tt->nbuckets ? k : k % tt->nbuckets;", "return 0 * k;"),
+    ("bucket.c", "&tt->buckets[t->bucket]", "&tt->buckets[0]"),
+    ("pass.c", "&tt->buckets[t->bucket]", "&tt->buckets[0]"),
+    ("pass.c", "&tt->chains[t->bucket]", "&tt->chains[0]"),
+]
+
+EDIT = re.compile(r"^ \* adapt (\S+): (.*) => (.*)$")
+MUTATION = re.compile(r"^ \* mutation (\S+) (sc|weak) (\S+): (.*) => (.*)$")
+
+
+@dataclass
+class Harness:
+    name: str
+    adapt: list[tuple[str, str, str]]
+    mutations: list[tuple[str, str, str, str, str]]
+
+
+def unescape(text: str) -> str:
+    return text.replace("\\n", "\n")
+
+
+def read_harness(path: Path) -> Harness:
+    adapt: list[tuple[str, str, str]] = []
+    mutations: list[tuple[str, str, str, str, str]] = []
+    for line in path.read_text().splitlines():
+        if m := EDIT.match(line):
+            adapt.append((m[1], unescape(m[2]), unescape(m[3])))
+        elif m := MUTATION.match(line):
+            mutations.append((m[1], m[2], m[3], unescape(m[4]), unescape(m[5])))
+    return Harness(path.stem, adapt, mutations)
+
+
+def apply(tree: Path, file: str, old: str, new: str, every: bool = False) -> None:
+    path = tree / file
+    text = path.read_text()
+    n = text.count(old)
+    if n != 1 and not (every and n):
+        raise SystemExit(f"model_check: {file}: {old!r} occurs {n} times")
+    path.write_text(text.replace(old, new))
+
+
+def build(h: Harness, work: Path, mutation: tuple[str, str, str] | None) -> Path:
+    """A copy of csrc/ with the edits applied, and the harness compiled."""
+    tree = work / "csrc"
+    if tree.exists():
+        shutil.rmtree(tree)
+    shutil.copytree(CSRC, tree, ignore=shutil.ignore_patterns("bench", "tests"))
+    for edit in GLOBAL_ADAPT:
+        apply(tree, *edit, every=True)
+    for edit in h.adapt + ([mutation] if mutation else []):
+        apply(tree, *edit)
+    binary = work / f"{h.name}.gb"
+    subprocess.run(["goto-cc", "-I", "shim", "-I", "../include", "-I", "..", f"{h.name}.c",
+                    "-o", str(binary)], cwd=tree / "model", check=True)
+    return binary
+
+
+def check(binary: Path, model: str) -> tuple[str, float]:
+    """'ok' (verified), 'FAILED' (a counter-example) or 'ERROR', and seconds."""
+    cmd = CBMC + ([] if model == "sc" else ["--mm", WEAK]) + [str(binary)]
+    start = time.monotonic()
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    took = time.monotonic() - start
+    verdict = {0: "ok", 10: "FAILED"}.get(run.returncode, "ERROR")
+    if verdict != "ok":
+        failed = [line for line in run.stdout.splitlines() if line.endswith(": FAILURE")]
+        detail = failed or (run.stdout + run.stderr).strip().splitlines()[-5:]
+        print("\n".join("    " + line for line in detail), flush=True)
+    return verdict, took
+
+
+def main(argv: list[str]) -> int:
+    quick = "quick" in argv
+    names = [a for a in argv if a != "quick"]
+    paths = sorted(MODEL.glob("*.c"))
+    if names:
+        paths = [p for p in paths if p.stem in names]
+    version = subprocess.run(["cbmc", "--version"], capture_output=True, text=True).stdout.strip()
+    weak = "sc" if quick else f"sc and --mm {WEAK}"
+    print(f"model_check: CBMC {version}; {len(paths)} harnesses; models: {weak}", flush=True)
+    rows: list[tuple[str, str, str, str, float]] = []
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="bt-model-") as tmp:
+        work = Path(tmp)
+        for path in paths:
+            h = read_harness(path)
+            binary = build(h, work, None)
+            for model in ["sc"] if quick else ["sc", "weak"]:
+                print(f"-- {h.name}: {model}", flush=True)
+                verdict, took = check(binary, model)
+                bad += verdict != "ok"
+                rows.append((h.name, "-", model, verdict, took))
+            for name, model, file, old, new in h.mutations:
+                if quick and model != "sc":
+                    continue
+                print(f"-- {h.name}: mutation {name} ({model})", flush=True)
+                verdict, took = check(build(h, work, (file, old, new)), model)
+                caught = verdict == "FAILED"
+                bad += not caught
+                rows.append((h.name, name, model, "caught" if caught else f"NOT caught ({verdict})",
+                             took))
+    print(f"\n{'harness':<8} {'mutation':<22} {'model':<6} {'verdict':<22} seconds")
+    for name, mutation, model, verdict, took in rows:
+        shown = WEAK if model == "weak" else model
+        print(f"{name:<8} {mutation:<22} {shown:<6} {verdict:<22} {took:7.1f}")
+    print(f"model_check: {'FAILED' if bad else 'all verified, every mutation caught'}"
+          f" ({sum(r[4] for r in rows):.0f} s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
