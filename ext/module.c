@@ -69,6 +69,7 @@ static int add_type(PyObject *m, PyTypeObject **field, PyType_Spec *spec, int pu
 
 static int add_types(PyObject *m, ext_state *st) {
     if (add_type(m, &st->Handle_Type, &Handle_spec, 1) < 0 ||
+        add_type(m, &st->LoopHandle_Type, &LoopHandle_spec, 1) < 0 ||
         add_type(m, &st->Port_Type, &Port_spec, 1) < 0 ||
         add_type(m, &st->TimerThread_Type, &TimerThread_spec, 1) < 0 ||
         add_type(m, &st->Scheduler_Type, &Scheduler_spec, 1) < 0 ||

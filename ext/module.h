@@ -59,7 +59,7 @@ static inline PyObject *ext_tuple_from_array(PyObject *const *items, Py_ssize_t 
 
 typedef struct {
     /* types */
-    PyTypeObject *TimerThread_Type, *Handle_Type, *Port_Type, *Scheduler_Type;
+    PyTypeObject *TimerThread_Type, *Handle_Type, *LoopHandle_Type, *Port_Type, *Scheduler_Type;
     PyTypeObject *Timeout_Type, *Step_Type, *WaitFor_Type; /* WaitFor: 3.12+ */
     PyTypeObject *GrpcUnary_Type, *GrpcCall_Type;           /* grpc_unary_type.c */
     PyTypeObject *GrpcAioUnary_Type, *GrpcAioCoro_Type;     /* grpc_aio_type.c: 3.12+ */
@@ -94,7 +94,7 @@ typedef struct {
 /* The state's strong references (module.c's traverse and clear) and its
  * interned names with their text (created and cleared by module.c). */
 #define EXT_STATE_TYPES(X) \
-    X(TimerThread_Type) X(Handle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
+    X(TimerThread_Type) X(Handle_Type) X(LoopHandle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
     X(Step_Type) X(WaitFor_Type) X(GrpcUnary_Type) X(GrpcCall_Type) X(GrpcAioUnary_Type) \
     X(GrpcAioCoro_Type)
 #define EXT_STATE_OBJECTS(X)                                                            \
@@ -144,20 +144,19 @@ typedef struct {
     PortObject *port;      /* strong */
     uint64_t id;
     double when;
+    PyObject *when_int;    /* the int given to call_at, which when() returns; or NULL */
     PyObject *callback;    /* NULL once finished */
     PyObject *args;
     PyObject *context;
     _Atomic int state;
-    /* asyncio.TimerHandle semantics (the drop-in loop's handles): cancel()
-     * returns None, and cancelled() is True once cancel() was called, even
-     * if the callback had already run. */
-    int compat;
+    /* A LoopHandle's cancel() was called (its cancelled(), as
+     * asyncio.TimerHandle's, is True from then on, even if it had run). */
     int cancel_called;
     /* the callback is a Timeout whose expiry this runs (no bound method) */
     int is_timeout;
     PyObject *weakreflist;
 } HandleObject;
-#define HANDLE_REFS(X) X(tt) X(port) X(callback) X(args) X(context)
+#define HANDLE_REFS(X) X(tt) X(port) X(when_int) X(callback) X(args) X(context)
 
 struct TimerThreadObject {
     PyObject_HEAD
@@ -200,7 +199,7 @@ typedef struct TimeoutObject {
 
 /* ---- types (their specs, added to the module by module.c) --------------- */
 
-extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
+extern PyType_Spec Handle_spec, LoopHandle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
     Timeout_spec, WaitFor_spec, GrpcUnary_spec, GrpcCall_spec, GrpcAioUnary_spec, GrpcAioCoro_spec;
 
 /* ---- across files ------------------------------------------------------- */
@@ -214,7 +213,7 @@ int ext_to_seconds(PyObject *o, const char *what, double *out);
  * not NULL, loop=. */
 int ext_parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                         int absolute, PyObject **loop, PyObject **context);
-#define EXT_SCHED_COMPAT 1  /* asyncio.TimerHandle semantics */
+#define EXT_SCHED_COMPAT 1  /* a LoopHandle: asyncio.TimerHandle's semantics */
 #define EXT_SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
 /* The common tail of every way to schedule: `t` is a parsed delay or
  * deadline (`absolute`), `loop` the loop it goes to (None: the dispatcher).
@@ -236,6 +235,9 @@ TimerThreadObject *ext_default_tt(ext_state *st);
  * needs none). */
 HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags);
+/* call_at's `when` argument, kept for when() if it is an int (asyncio's
+ * TimerHandle keeps the value it was given). */
+void ext_handle_keep_when(PyObject *h, PyObject *when);
 /* A Handle the core refused: both its references dropped. */
 void ext_handle_abandon(HandleObject *h);
 void ext_handle_release_callback(HandleObject *self);

@@ -2,7 +2,7 @@
  * scheduler_type.c -- the drop-in loop's call_at/call_later: a callable bound to
  * (TimerThread, loop), set on the loop instance (loop.py), so that
  * loop.call_later(d, cb) is one vectorcall into schedule.c.  Its handles
- * have asyncio.TimerHandle's semantics (cancel() returns None).  A
+ * are LoopHandles, with asyncio.TimerHandle's semantics (cancel() returns None).  A
  * Scheduler never changes once made; it is called with the GIL held.
  */
 #include "module.h"
@@ -29,8 +29,10 @@ static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *ar
     if (ext_check_open(self->tt) < 0) return NULL;
     double t;
     if (ext_to_seconds(args[0], self->absolute ? "when" : "delay", &t) < 0) return NULL;
-    return ext_schedule(self->tt, self->absolute, t, args[1], args + 2, nargs - 2, self->loop,
-                             context, EXT_SCHED_COMPAT);
+    PyObject *h = ext_schedule(self->tt, self->absolute, t, args[1], args + 2, nargs - 2,
+                               self->loop, context, EXT_SCHED_COMPAT);
+    if (h && self->absolute) ext_handle_keep_when(h, args[0]);
+    return h;
 }
 
 EXT_GC_TRAVERSE(Scheduler, SchedulerObject, SCHEDULER_REFS)

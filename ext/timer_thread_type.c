@@ -304,6 +304,7 @@ static PyObject *call_later_or_at(TimerThreadObject *self, PyObject *const *args
     PyObject *h = ext_schedule(self, absolute, t, args[1], args + 2, nargs - 2, resolved,
                                     context, 0);
     Py_DECREF(resolved);
+    if (h && absolute) ext_handle_keep_when(h, args[0]);
     return h;
 }
 

@@ -23,12 +23,13 @@ from 3.14 and are gone from 3.16.
 
 What differs from the stock loop, on purpose:
 
-* ``call_at``/``call_later`` return a :class:`bucketimer.Handle` in its
-  asyncio mode: ``when()``, ``cancel()`` (returns None), ``cancelled()``
-  (True once ``cancel()`` was called) and ``get_context()`` behave as
-  ``asyncio.TimerHandle``'s.  It is not an instance of ``asyncio.TimerHandle``
-  and is not ordered by ``<`` (nothing in asyncio orders handles it did not
-  put in its own heap).
+* ``call_at``/``call_later`` return a ``bucketimer._core.LoopHandle`` (not
+  a :class:`bucketimer.Handle`, whose ``cancel()`` returns whether it won):
+  ``when()`` (an ``int`` given to ``call_at`` stays one), ``cancel()``
+  (returns None), ``cancelled()`` (True once ``cancel()`` was called) and
+  ``get_context()`` behave as ``asyncio.TimerHandle``'s.  It is not an
+  instance of ``asyncio.TimerHandle`` and is not ordered by ``<`` (nothing
+  in asyncio orders handles it did not put in its own heap).
 * A timer never fires early (asyncio fires up to ``loop._clock_resolution``
   early), and equal deadlines fire in schedule order.
 * In debug mode (``loop.set_debug(True)``, ``PYTHONASYNCIODEBUG=1``,

@@ -63,15 +63,20 @@ class TimerThread:
                 context: contextvars.Context | None = None) -> Handle:
         """Run ``callback(*args)`` at ``when`` on the ``time.monotonic()`` clock."""
         self._check_open()
-        return self._schedule(to_seconds(when, "when"), callback, args, loop, context)
+        seconds = to_seconds(when, "when")
+        # when() gives back an int as it was given, as asyncio's TimerHandle does
+        return self._schedule(seconds, callback, args, loop, context,
+                              when if type(when) is int else seconds)
 
-    def _schedule(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
-                  loop: asyncio.AbstractEventLoop | None, context: Any) -> Handle:
+    def _schedule(self, seconds: float, callback: Callable[..., object], args: tuple[Any, ...],
+                  loop: asyncio.AbstractEventLoop | None, context: Any,
+                  when: float | None = None) -> Handle:
         context = check_callback(callback, context)
         loop = asyncio.events._get_running_loop() if loop is None else check_loop(loop)
         if context is None:  # the caller's, as asyncio's call_later takes it
             context = contextvars.copy_context()
-        return self._sched.schedule(deadline_ns(when), when, callback, args, context, loop)
+        return self._sched.schedule(deadline_ns(seconds), seconds if when is None else when,
+                                    callback, args, context, loop)
 
     def _check_open(self) -> None:
         """A closed TimerThread refuses before it looks at the arguments."""
