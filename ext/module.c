@@ -48,6 +48,12 @@ static PyMethodDef module_functions[] = {
      "default_timer_thread() -> TimerThread\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
     {"_set_default_class", module_set_default_class, METH_O, NULL},
+    {"_loop_clock_is_foreign", ext_loop_clock_is_foreign, METH_O,
+     "_loop_clock_is_foreign($module, loop, /)\n--\n\nTrue if loop.time() is not a "
+     "CLOCK_MONOTONIC clock the core keeps (a virtual clock, a patched time())."},
+    {"_add_monotonic_clock", ext_add_monotonic_clock, METH_O,
+     "_add_monotonic_clock($module, time, /)\n--\n\nTells the helpers that a loop class "
+     "whose `time` is this reads CLOCK_MONOTONIC."},
     {"_compat_status", module_compat_status, METH_NOARGS,
      "Which reads of CPython's private state are in use (docs/design.rst)."},
 #if PY_VERSION_HEX >= 0x030C0000
@@ -101,6 +107,7 @@ static int import_asyncio(ext_state *st) {
     if (!bel) return -1;
     st->stock_time = PyObject_GetAttr(bel, st->str_time);
     Py_DECREF(bel);
+    if (!(st->monotonic_clocks = PyList_New(0))) return -1;
     st->CancelledError = ext_import_attr("asyncio.exceptions", "CancelledError");
     st->AbstractEventLoop = ext_import_attr("asyncio.events", "AbstractEventLoop");
     st->ExceptionGroup = ext_import_attr("builtins", "ExceptionGroup");

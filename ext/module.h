@@ -78,16 +78,23 @@ typedef struct {
     /* the process default TimerThread (timer_thread_type.c owns it), and a
      * cache; both written with the GIL held */
     PyObject *default_tt;
-    /* the last loop type looked at (only compared) */
+    /* loop clocks that read CLOCK_MONOTONIC besides stock_time (a list;
+     * bucketimer.loop adds uvloop's) */
+    PyObject *monotonic_clocks;
+    /* the last loop type looked at (only compared) and its version tag,
+     * which changes when its `time` is replaced (timeout_type.c, loop_clock) */
     PyTypeObject *time_checked_type;
-    int time_checked_is_stock;       /* ... and whether it has the stock time() */
+    unsigned int time_checked_tag;
+    int time_checked_kind;           /* ... its EXT_CLOCK_* */
+    PyObject *time_checked_func;     /* ... and its `time` */
     /* free lists (freelist.h) and their storage */
     ext_freelist handles, timeouts, steps;
     PyObject *handle_store[HANDLE_FREELIST];
     PyObject *timeout_store[TIMEOUT_FREELIST];
     PyObject *step_store[STEP_FREELIST];
     /* interned names */
-    PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_cancel, *str_cancelling;
+    PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_call_at, *str_cancel;
+    PyObject *str_cancelling;
     PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions;
 } ext_state;
 
@@ -99,10 +106,11 @@ typedef struct {
     X(GrpcAioCoro_Type)
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
-    X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt)
+    X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
+    X(monotonic_clocks) X(time_checked_func)
 #define EXT_STATE_NAMES(X)                                                                  \
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
-    X(str_call_soon, "call_soon")                                                       \
+    X(str_call_soon, "call_soon") X(str_call_at, "call_at")                            \
     X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
     X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")
 
@@ -263,6 +271,13 @@ PyObject *ext_TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
 
 /* timeout_type.c */
 PyObject *ext_throw_args_exception(PyObject *const *args, Py_ssize_t nargs);
+/* What a loop's clock is: its own (a virtual clock: the loop's own timers
+ * follow it), CLOCK_MONOTONIC through loop.time(), or asyncio's
+ * BaseEventLoop.time, which the core reads itself.  -1 with an error. */
+enum { EXT_CLOCK_FOREIGN = 0, EXT_CLOCK_MONOTONIC = 1, EXT_CLOCK_STOCK = 2 };
+int ext_loop_clock(ext_state *st, PyObject *loop);
+PyObject *ext_loop_clock_is_foreign(PyObject *m, PyObject *loop);
+PyObject *ext_add_monotonic_clock(PyObject *m, PyObject *time);
 PyObject *ext_need_running_loop(ext_state *st);
 PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns);
 int ext_timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns);

@@ -21,42 +21,87 @@ static const char *const timeout_state_names[] = {"created", "active", "expiring
 
 /* ---- the loop's clock ------------------------------------------------------ */
 
-/* Whether `loop`'s class keeps asyncio's BaseEventLoop.time, i.e.
- * time.monotonic(), the core's clock: then it is read directly, which on
- * 3.12 saves a quarter of an `async with timeout()`.  The answer is cached
- * for the last loop class seen; patching `time` on a class after it was
- * first seen here goes unnoticed. */
-static int loop_time_is_stock(ext_state *st, PyObject *loop) {
-    PyTypeObject *tp = Py_TYPE(loop);
-    if (tp != st->time_checked_type) {
-        PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
-        if (!f) return -1;
-        st->time_checked_is_stock = (f == st->stock_time);
-        st->time_checked_type = tp;
-        Py_DECREF(f);
-    }
-    return st->time_checked_is_stock;
+/* The kind of clock a loop class's `time` is (EXT_CLOCK_*). */
+static int clock_kind(ext_state *st, PyObject *f) {
+    if (f == st->stock_time) return EXT_CLOCK_STOCK;
+    PyObject *clocks = st->monotonic_clocks;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(clocks); i++)
+        if (PyList_GET_ITEM(clocks, i) == f) return EXT_CLOCK_MONOTONIC;
+    return EXT_CLOCK_FOREIGN;
 }
 
-static PyObject *loop_time(ext_state *st, PyObject *loop) {
-    int stock = loop_time_is_stock(st, loop);
-    if (stock < 0) return NULL;
-    /* time.monotonic() computes the same double from the same ns */
-    if (stock) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
+/* The kind of `tp`'s `time`, cached for the last class seen.  The cache is
+ * keyed on the class's version tag too, which CPython changes whenever an
+ * attribute of the class or of a base is set (mock.patch.object on the
+ * class): a tag of 0 is no tag, and is never trusted. */
+static int type_clock(ext_state *st, PyTypeObject *tp) {
+    if (tp == st->time_checked_type && tp->tp_version_tag != 0 &&
+        tp->tp_version_tag == st->time_checked_tag)
+        return st->time_checked_kind;
+    PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
+    if (!f) return -1;
+    st->time_checked_type = tp;
+    st->time_checked_tag = tp->tp_version_tag;
+    st->time_checked_kind = clock_kind(st, f);
+    Py_XSETREF(st->time_checked_func, f);
+    return st->time_checked_kind;
+}
+
+/* Whether `loop.time` is still its class's `time` (`f`), not one set on
+ * the instance (mock.patch.object(loop, "time")).  An instance without a
+ * __dict__ cannot have one. */
+static int instance_keeps_time(ext_state *st, PyObject *loop, PyObject *f) {
+    if (Py_TYPE(loop)->tp_dictoffset == 0) return 1;
+    PyObject *m = PyObject_GetAttr(loop, st->str_time);
+    if (!m) return -1;
+    int same;
+    if (PyMethod_Check(m)) {
+        same = PyMethod_GET_SELF(m) == loop && PyMethod_GET_FUNCTION(m) == f;
+    } else {
+        /* a method of a C class (uvloop.Loop's), bound to the loop */
+        same = Py_IS_TYPE(f, &PyMethodDescr_Type) && PyCFunction_Check(m) &&
+               PyCFunction_GET_SELF(m) == loop &&
+               ((PyCFunctionObject *)m)->m_ml == ((PyMethodDescrObject *)f)->d_method;
+    }
+    Py_DECREF(m);
+    return same;
+}
+
+int ext_loop_clock(ext_state *st, PyObject *loop) {
+    int kind = type_clock(st, Py_TYPE(loop));
+    if (kind <= EXT_CLOCK_FOREIGN) return kind;
+    int same = instance_keeps_time(st, loop, st->time_checked_func);
+    return same < 0 ? -1 : same ? kind : EXT_CLOCK_FOREIGN;
+}
+
+PyObject *ext_loop_clock_is_foreign(PyObject *m, PyObject *loop) {
+    int kind = ext_loop_clock(ext_state_of_module(m), loop);
+    return kind < 0 ? NULL : PyBool_FromLong(kind == EXT_CLOCK_FOREIGN);
+}
+
+PyObject *ext_add_monotonic_clock(PyObject *m, PyObject *time) {
+    ext_state *st = ext_state_of_module(m);
+    if (PyList_Append(st->monotonic_clocks, time) < 0) return NULL;
+    st->time_checked_type = NULL; /* the cached answer may change */
+    Py_RETURN_NONE;
+}
+
+/* loop.time(); the stock clock is read directly (time.monotonic() computes
+ * the same double from the same ns), which on 3.12 saves a quarter of an
+ * `async with timeout()`. */
+static PyObject *loop_time(ext_state *st, PyObject *loop, int kind) {
+    if (kind == EXT_CLOCK_STOCK) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
     return PyObject_CallMethodNoArgs(loop, st->str_time);
 }
 
-/* `when <= loop.time()`, as asyncio's reschedule() asks it.  `now_ns`, if
- * not negative, is the stock clock read a moment ago by the same caller
- * (no Python code ran in between). */
-static int deadline_reached(ext_state *st, PyObject *loop, PyObject *when, int64_t now_ns) {
-    if (PyFloat_CheckExact(when)) {
-        int stock = loop_time_is_stock(st, loop);
-        if (stock < 0) return -1;
-        if (stock)
-            return PyFloat_AS_DOUBLE(when) <= (double)(now_ns >= 0 ? now_ns : bt_now_ns()) / 1e9;
-    }
-    PyObject *now = loop_time(st, loop);
+/* `when <= loop.time()`, as asyncio's reschedule() asks it, on a loop whose
+ * clock is of `kind`.  `now_ns`, if not negative, is the stock clock read a
+ * moment ago by the same caller (no Python code ran in between). */
+static int deadline_reached(ext_state *st, PyObject *loop, int kind, PyObject *when,
+                            int64_t now_ns) {
+    if (kind == EXT_CLOCK_STOCK && PyFloat_CheckExact(when))
+        return PyFloat_AS_DOUBLE(when) <= (double)(now_ns >= 0 ? now_ns : bt_now_ns()) / 1e9;
+    PyObject *now = loop_time(st, loop, kind);
     if (!now) return -1;
     int past = PyObject_RichCompareBool(when, now, Py_LE);
     Py_DECREF(now);
@@ -146,6 +191,17 @@ static PyObject *expire_soon(TimeoutObject *self, PyObject *loop) {
     return PyObject_CallMethodOneArg(loop, self->st->str_call_soon, self->on_timeout);
 }
 
+/* A loop with a clock of its own (a virtual one) gets asyncio's path:
+ * loop.call_at(when, self._on_timeout), whose timer follows that clock. */
+static PyObject *expire_on_loop(TimeoutObject *self, PyObject *loop) {
+    if (!self->on_timeout) {
+        self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
+        if (!self->on_timeout) return NULL;
+    }
+    return PyObject_CallMethodObjArgs(loop, self->st->str_call_at, self->when, self->on_timeout,
+                                      NULL);
+}
+
 /* A deadline in the future goes to the core: the handle expires this
  * Timeout directly. */
 static PyObject *expire_at(TimeoutObject *self, PyObject *loop) {
@@ -160,9 +216,13 @@ static PyObject *expire_at(TimeoutObject *self, PyObject *loop) {
  * deadline_reached()). */
 static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     if (self->when == Py_None) return 0;
-    int past = deadline_reached(self->st, loop, self->when, now_ns);
+    int kind = now_ns >= 0 ? EXT_CLOCK_STOCK : ext_loop_clock(self->st, loop);
+    if (kind < 0) return -1;
+    int past = deadline_reached(self->st, loop, kind, self->when, now_ns);
     if (past < 0) return -1;
-    PyObject *h = past ? expire_soon(self, loop) : expire_at(self, loop);
+    PyObject *h = past                         ? expire_soon(self, loop)
+                  : kind == EXT_CLOCK_FOREIGN ? expire_on_loop(self, loop)
+                                              : expire_at(self, loop);
     if (!h) return -1;
     self->handler = h;
     return 0;
@@ -188,10 +248,11 @@ static int timeout_postpone(TimeoutObject *self, PyObject *when) {
     PyObject *loop = ext_running_loop(&st->compat);
     if (!loop) return -1;
     int ours = loop == h->port->loop;
-    int past = ours ? deadline_reached(st, loop, when, -1) : 0;
+    int kind = ours ? ext_loop_clock(st, loop) : EXT_CLOCK_FOREIGN;
+    int past = kind > EXT_CLOCK_FOREIGN ? deadline_reached(st, loop, kind, when, -1) : 0;
     Py_DECREF(loop);
-    if (past < 0) return -1;
-    if (!ours || past || isnan(t)) return 0;
+    if (kind < 0 || past < 0) return -1;
+    if (kind == EXT_CLOCK_FOREIGN || past || isnan(t)) return 0;
     return ext_handle_postpone(h, t);
 }
 
@@ -643,13 +704,13 @@ PyType_Spec Timeout_spec = {
  * else -1. */
 PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns) {
     PyObject *when = NULL;
-    int stock;
+    int kind;
     *now_ns = -1;
     if (delay == Py_None) {
         when = Py_NewRef(Py_None);
-    } else if ((stock = loop_time_is_stock(st, loop)) < 0) {
+    } else if ((kind = ext_loop_clock(st, loop)) < 0) {
         /* error set */
-    } else if (stock && (PyFloat_CheckExact(delay) || PyLong_CheckExact(delay))) {
+    } else if (kind == EXT_CLOCK_STOCK && (PyFloat_CheckExact(delay) || PyLong_CheckExact(delay))) {
         /* the float addition `loop.time() + delay` does, without making
          * loop.time()'s float (an int too large for a double raises the
          * same OverflowError there) */
@@ -659,7 +720,7 @@ PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, in
             when = PyFloat_FromDouble((double)*now_ns / 1e9 + d);
         }
     } else {
-        PyObject *now = loop_time(st, loop);
+        PyObject *now = loop_time(st, loop, kind);
         if (now) {
             when = PyNumber_Add(now, delay);
             Py_DECREF(now);

@@ -46,9 +46,13 @@ _get_running_loop = events.get_running_loop
 _ensure_future = tasks.ensure_future
 
 
-def _default_call_at() -> Any:
+def _call_at_for(loop: Any) -> Any:
+    """The core's call_at for ``loop``; the loop's own where its clock is
+    its own (a virtual clock, a patched ``time()``), whose timers follow it."""
+    if _core._loop_clock_is_foreign(loop):
+        return loop.call_at
     tt: TimerThread = default_timer_thread()
-    return tt.call_at
+    return functools.partial(tt.call_at, loop=loop)
 
 
 def _release_waiter(waiter: futures.Future[Any], *args: Any) -> None:
@@ -123,7 +127,7 @@ else:
             return await _wait_for_nonpositive(fut, loop)
 
         waiter = loop.create_future()
-        timer = _default_call_at()(loop.time() + timeout, _release_waiter, waiter, loop=loop)
+        timer = _call_at_for(loop)(loop.time() + timeout, _release_waiter, waiter)
         on_done = functools.partial(_release_waiter, waiter)
         fut = _ensure_future(fut, loop=loop)
         fut.add_done_callback(on_done)

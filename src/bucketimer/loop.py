@@ -363,6 +363,14 @@ if _uvloop is not None:
             super().__init__()
             self._bt_init(timer_thread)
 
+    if _backend.NATIVE:
+        # Both clocks read CLOCK_MONOTONIC: the helpers keep their timers in
+        # the core on these loops (a clock of a loop's own gets the loop's).
+        from . import _core
+
+        _core._add_monotonic_clock(_uvloop.Loop.time)
+        _core._add_monotonic_clock(UVEventLoop.time)
+
     def new_uv_event_loop() -> UVEventLoop:
         """A new :class:`UVEventLoop`."""
         return UVEventLoop()
