@@ -54,7 +54,7 @@ HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double whe
     h->port = port;
     h->id = 0;
     h->when = when;
-    h->when_int = NULL;
+    h->when_obj = NULL;
     h->callback = Py_NewRef(cb);
     h->args = ext_tuple_from_array(args, nargs);
     /* A Timeout's expiry only calls task.cancel(): it needs no copy of the
@@ -75,8 +75,12 @@ HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double whe
 }
 
 void ext_handle_keep_when(PyObject *h, PyObject *when) {
-    if (PyLong_CheckExact(when)) ((HandleObject *)h)->when_int = Py_NewRef(when);
+    if (PyLong_CheckExact(when) ||
+        (Py_TYPE(h) == ((HandleObject *)h)->tt->st->LoopHandle_Type && !PyFloat_CheckExact(when)))
+        ((HandleObject *)h)->when_obj = Py_NewRef(when);
 }
+
+void ext_handle_when_nan(PyObject *h) { ((HandleObject *)h)->when = NAN; }
 
 void ext_handle_abandon(HandleObject *h) {
     atomic_store(&h->state, H_DROPPED);
@@ -129,7 +133,7 @@ static PyObject *LoopHandle_cancelled(HandleObject *self, PyObject *Py_UNUSED(ig
 /* when(), and asyncio.TimerHandle's private `_when`, which tests read from
  * what loop.call_at returned (docs/asyncio.rst, "The drop-in loop"). */
 static PyObject *Handle_when(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->when_int) return Py_NewRef(self->when_int);
+    if (self->when_obj) return Py_NewRef(self->when_obj);
     return PyFloat_FromDouble(self->when);
 }
 
@@ -323,7 +327,7 @@ int ext_handle_run(HandleObject *h, PyObject *on_error, int drop) {
 int ext_handle_postpone(HandleObject *h, double when) {
     if (bt_postpone(h->tt->core, h->id, bt_deadline_at(when)) != BT_POSTPONED) return 0;
     h->when = when;
-    Py_CLEAR(h->when_int);
+    Py_CLEAR(h->when_obj);
     return 1;
 }
 

@@ -38,14 +38,16 @@ static PyObject *module_compat_status(PyObject *m, PyObject *Py_UNUSED(ignored))
 }
 
 static PyMethodDef module_functions[] = {
-    {"monotonic_ns", module_monotonic_ns, METH_NOARGS, "The core's clock, CLOCK_MONOTONIC ns."},
-    {"timeout", ext_timeout, METH_O,
-     "timeout(delay) -> Timeout\n\nasyncio.timeout(delay), with the timer in bucketimer's core."},
-    {"timeout_at", ext_timeout_at, METH_O,
-     "timeout_at(when) -> Timeout\n\nasyncio.timeout_at(when), with the timer in bucketimer's "
-     "core."},
+    {"monotonic_ns", module_monotonic_ns, METH_NOARGS,
+     "monotonic_ns($module, /)\n--\n\nThe core's clock, CLOCK_MONOTONIC ns."},
+    {"timeout", (PyCFunction)(void (*)(void))ext_timeout, METH_FASTCALL | METH_KEYWORDS,
+     "timeout($module, /, delay)\n--\n\nasyncio.timeout(delay), with the timer in "
+     "bucketimer's core."},
+    {"timeout_at", (PyCFunction)(void (*)(void))ext_timeout_at, METH_FASTCALL | METH_KEYWORDS,
+     "timeout_at($module, /, when)\n--\n\nasyncio.timeout_at(when), with the timer in "
+     "bucketimer's core."},
     {"default_timer_thread", module_default_timer_thread, METH_NOARGS,
-     "default_timer_thread() -> TimerThread\n\nThe process-wide TimerThread, created on first "
+     "default_timer_thread($module, /)\n--\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
     {"_set_default_class", module_set_default_class, METH_O, NULL},
     {"_loop_clock_is_foreign", ext_loop_clock_is_foreign, METH_O,
@@ -58,8 +60,8 @@ static PyMethodDef module_functions[] = {
      "Which reads of CPython's private state are in use (docs/design.rst)."},
 #if PY_VERSION_HEX >= 0x030C0000
     {"wait_for", (PyCFunction)(void (*)(void))ext_wait_for, METH_FASTCALL | METH_KEYWORDS,
-     "wait_for(fut, timeout) -> coroutine\n\nasyncio.wait_for() of 3.12 and later, with the "
-     "timer in bucketimer's core."},
+     "wait_for($module, /, fut, timeout)\n--\n\nasyncio.wait_for() of 3.12 and later, with "
+     "the timer in bucketimer's core."},
     {"_set_wait_for_nonpositive", ext_set_wait_for_nonpositive, METH_O, NULL},
 #endif
     {NULL}};

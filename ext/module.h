@@ -85,8 +85,7 @@ typedef struct {
      * which changes when its `time` is replaced (timeout_type.c, loop_clock) */
     PyTypeObject *time_checked_type;
     unsigned int time_checked_tag;
-    int time_checked_kind;           /* ... its EXT_CLOCK_* */
-    PyObject *time_checked_func;     /* ... and its `time` */
+    int time_checked_kind;           /* ... and its EXT_CLOCK_* */
     /* free lists (freelist.h) and their storage */
     ext_freelist handles, timeouts, steps;
     PyObject *handle_store[HANDLE_FREELIST];
@@ -107,7 +106,7 @@ typedef struct {
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
-    X(monotonic_clocks) X(time_checked_func)
+    X(monotonic_clocks)
 #define EXT_STATE_NAMES(X)                                                                  \
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
     X(str_call_soon, "call_soon") X(str_call_at, "call_at")                            \
@@ -152,19 +151,20 @@ typedef struct {
     PortObject *port;      /* strong */
     uint64_t id;
     double when;
-    PyObject *when_int;    /* the int given to call_at, which when() returns; or NULL */
+    PyObject *when_obj;    /* what call_at was given, which when() returns; or NULL */
     PyObject *callback;    /* NULL once finished */
     PyObject *args;
     PyObject *context;
     _Atomic int state;
     /* A LoopHandle's cancel() was called (its cancelled(), as
-     * asyncio.TimerHandle's, is True from then on, even if it had run). */
-    int cancel_called;
+     * asyncio.TimerHandle's, is True from then on, even if it had run).
+     * Both flags are chars, so that when_obj costs a Handle no size class. */
+    unsigned char cancel_called;
     /* the callback is a Timeout whose expiry this runs (no bound method) */
-    int is_timeout;
+    unsigned char is_timeout;
     PyObject *weakreflist;
 } HandleObject;
-#define HANDLE_REFS(X) X(tt) X(port) X(when_int) X(callback) X(args) X(context)
+#define HANDLE_REFS(X) X(tt) X(port) X(when_obj) X(callback) X(args) X(context)
 
 struct TimerThreadObject {
     PyObject_HEAD
@@ -214,6 +214,9 @@ extern PyType_Spec Handle_spec, LoopHandle_spec, Port_spec, TimerThread_spec, Sc
 
 /* schedule.c */
 PyObject *ext_raise_errno(int rc, const char *what);
+/* TypeError("<what> must be <be>, not <type(o).__name__>"), the message
+ * the pure backend writes with an f-string; returns -1. */
+int ext_type_error(const char *what, const char *be, PyObject *o);
 /* A delay or deadline as seconds: TypeError for what is not a real number
  * (bool, str, None...), ValueError for NaN; beyond the double range, +-inf. */
 int ext_to_seconds(PyObject *o, const char *what, double *out);
@@ -223,6 +226,10 @@ int ext_parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *k
                         int absolute, PyObject **loop, PyObject **context);
 #define EXT_SCHED_COMPAT 1  /* a LoopHandle: asyncio.TimerHandle's semantics */
 #define EXT_SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
+/* The one argument of a function taking `name` by position or keyword
+ * (asyncio's timeout(delay), timeout_at(when), reschedule(when)). */
+int ext_one_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *func,
+                const char *name, PyObject **out);
 /* The common tail of every way to schedule: `t` is a parsed delay or
  * deadline (`absolute`), `loop` the loop it goes to (None: the dispatcher).
  * A new Handle, or NULL. */
@@ -243,9 +250,11 @@ TimerThreadObject *ext_default_tt(ext_state *st);
  * needs none). */
 HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags);
-/* call_at's `when` argument, kept for when() if it is an int (asyncio's
- * TimerHandle keeps the value it was given). */
+/* call_at's `when` argument, kept for when() as asyncio's TimerHandle keeps
+ * it: on a LoopHandle whatever it was, on a Handle an int. */
 void ext_handle_keep_when(PyObject *h, PyObject *when);
+/* A LoopHandle given a NaN time: when() is NaN, as asyncio's would be. */
+void ext_handle_when_nan(PyObject *h);
 /* A Handle the core refused: both its references dropped. */
 void ext_handle_abandon(HandleObject *h);
 void ext_handle_release_callback(HandleObject *self);
@@ -283,8 +292,9 @@ PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, in
 int ext_timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns);
 int ext_timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val);
 PyObject *ext_timeout_fire(PyObject *timeout);
-PyObject *ext_timeout(PyObject *m, PyObject *delay);
-PyObject *ext_timeout_at(PyObject *m, PyObject *when);
+PyObject *ext_timeout(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *ext_timeout_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames);
 
 /* wait_for_type.c (3.12 and later) */
 PyObject *ext_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

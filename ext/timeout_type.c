@@ -43,35 +43,31 @@ static int type_clock(ext_state *st, PyTypeObject *tp) {
     st->time_checked_type = tp;
     st->time_checked_tag = tp->tp_version_tag;
     st->time_checked_kind = clock_kind(st, f);
-    Py_XSETREF(st->time_checked_func, f);
+    Py_DECREF(f);
     return st->time_checked_kind;
 }
 
-/* Whether `loop.time` is still its class's `time` (`f`), not one set on
- * the instance (mock.patch.object(loop, "time")).  An instance without a
- * __dict__ cannot have one. */
-static int instance_keeps_time(ext_state *st, PyObject *loop, PyObject *f) {
-    if (Py_TYPE(loop)->tp_dictoffset == 0) return 1;
-    PyObject *m = PyObject_GetAttr(loop, st->str_time);
-    if (!m) return -1;
-    int same;
-    if (PyMethod_Check(m)) {
-        same = PyMethod_GET_SELF(m) == loop && PyMethod_GET_FUNCTION(m) == f;
-    } else {
-        /* a method of a C class (uvloop.Loop's), bound to the loop */
-        same = Py_IS_TYPE(f, &PyMethodDescr_Type) && PyCFunction_Check(m) &&
-               PyCFunction_GET_SELF(m) == loop &&
-               ((PyCFunctionObject *)m)->m_ml == ((PyMethodDescrObject *)f)->d_method;
-    }
-    Py_DECREF(m);
-    return same;
+/* Whether `loop` has a `time` of its own in its __dict__, which shadows
+ * its class's (mock.patch.object(loop, "time")): its class's `time` is a
+ * function, which the instance's __dict__ overrides.  An instance without a
+ * __dict__ cannot have one.  The dict is read directly (the first read
+ * makes it, where CPython keeps the attributes inline): a lookup, no bound
+ * method made. */
+static int instance_has_time(ext_state *st, PyObject *loop) {
+    if (Py_TYPE(loop)->tp_dictoffset == 0) return 0;
+    PyObject *dict = PyObject_GenericGetDict(loop, NULL);
+    if (!dict) return -1;
+    PyObject *v = PyDict_GetItemWithError(dict, st->str_time);
+    Py_DECREF(dict);
+    if (!v && PyErr_Occurred()) return -1;
+    return v != NULL;
 }
 
 int ext_loop_clock(ext_state *st, PyObject *loop) {
     int kind = type_clock(st, Py_TYPE(loop));
     if (kind <= EXT_CLOCK_FOREIGN) return kind;
-    int same = instance_keeps_time(st, loop, st->time_checked_func);
-    return same < 0 ? -1 : same ? kind : EXT_CLOCK_FOREIGN;
+    int shadowed = instance_has_time(st, loop);
+    return shadowed < 0 ? -1 : shadowed ? EXT_CLOCK_FOREIGN : kind;
 }
 
 PyObject *ext_loop_clock_is_foreign(PyObject *m, PyObject *loop) {
@@ -220,6 +216,11 @@ static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     if (kind < 0) return -1;
     int past = deadline_reached(self->st, loop, kind, self->when, now_ns);
     if (past < 0) return -1;
+    /* A NaN deadline is never reached, and asyncio's heap fires it at once
+     * (its `handle._when >= end_time` is false too): so does this. */
+    if (!past && kind != EXT_CLOCK_FOREIGN && PyFloat_Check(self->when) &&
+        isnan(PyFloat_AS_DOUBLE(self->when)))
+        past = 1;
     PyObject *h = past                         ? expire_soon(self, loop)
                   : kind == EXT_CLOCK_FOREIGN ? expire_on_loop(self, loop)
                                               : expire_at(self, loop);
@@ -256,7 +257,10 @@ static int timeout_postpone(TimeoutObject *self, PyObject *when) {
     return ext_handle_postpone(h, t);
 }
 
-static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
+static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames) {
+    PyObject *when;
+    if (ext_one_arg(args, nargs, kwnames, "reschedule", "when", &when) < 0) return NULL;
     if (self->state != T_ENTERED) {
         if (self->state == T_CREATED)
             PyErr_SetString(PyExc_RuntimeError, "Timeout has not been entered");
@@ -664,13 +668,15 @@ static PyObject *Timeout_repr(TimeoutObject *self) {
 }
 
 static PyMethodDef Timeout_methods[] = {
-    {"__aenter__", (PyCFunction)Timeout_aenter, METH_NOARGS, NULL},
-    {"__aexit__", (PyCFunction)(void (*)(void))Timeout_aexit, METH_FASTCALL, NULL},
-    {"when", (PyCFunction)Timeout_when, METH_NOARGS, "Return the current deadline."},
-    {"reschedule", (PyCFunction)Timeout_reschedule, METH_O,
-     "Reschedule the timeout (None: never)."},
+    {"__aenter__", (PyCFunction)Timeout_aenter, METH_NOARGS, "__aenter__($self, /)\n--\n\n"},
+    {"__aexit__", (PyCFunction)(void (*)(void))Timeout_aexit, METH_FASTCALL,
+     "__aexit__($self, exc_type, exc_val, exc_tb, /)\n--\n\n"},
+    {"when", (PyCFunction)Timeout_when, METH_NOARGS,
+     "when($self, /)\n--\n\nReturn the current deadline."},
+    {"reschedule", (PyCFunction)(void (*)(void))Timeout_reschedule, METH_FASTCALL | METH_KEYWORDS,
+     "reschedule($self, /, when)\n--\n\nReschedule the timeout (None: never)."},
     {"expired", (PyCFunction)Timeout_expired, METH_NOARGS,
-     "Is timeout expired during execution?"},
+     "expired($self, /)\n--\n\nIs timeout expired during execution?"},
     {NULL}};
 
 static PyMemberDef Timeout_members[] = {
@@ -679,7 +685,7 @@ static PyMemberDef Timeout_members[] = {
 
 static PyType_Slot Timeout_slots[] = {
     {Py_tp_doc,
-     "Timeout(when)\n\nAsynchronous context manager for cancelling overdue code: "
+     "Timeout(when)\n--\n\nAsynchronous context manager for cancelling overdue code: "
      "asyncio.Timeout with its timer in bucketimer's core.  Use timeout() or timeout_at()."},
     {Py_tp_new, Timeout_new},
     {Py_tp_dealloc, Timeout_dealloc},
@@ -732,7 +738,9 @@ PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, in
     return t;
 }
 
-PyObject *ext_timeout(PyObject *m, PyObject *delay) {
+PyObject *ext_timeout(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *delay;
+    if (ext_one_arg(args, nargs, kwnames, "timeout", "delay", &delay) < 0) return NULL;
     ext_state *st = ext_state_of_module(m);
     PyObject *loop = ext_need_running_loop(st);
     if (!loop) return NULL;
@@ -742,6 +750,9 @@ PyObject *ext_timeout(PyObject *m, PyObject *delay) {
     return t;
 }
 
-PyObject *ext_timeout_at(PyObject *m, PyObject *when) {
+PyObject *ext_timeout_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames) {
+    PyObject *when;
+    if (ext_one_arg(args, nargs, kwnames, "timeout_at", "when", &when) < 0) return NULL;
     return timeout_make(ext_state_of_module(m), when);
 }

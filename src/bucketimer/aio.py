@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections.abc
 import functools
+import math
 import sys
 from asyncio import events, exceptions, futures, tasks
 from collections.abc import Awaitable, Coroutine
@@ -127,7 +128,10 @@ else:
             return await _wait_for_nonpositive(fut, loop)
 
         waiter = loop.create_future()
-        timer = _call_at_for(loop)(loop.time() + timeout, _release_waiter, waiter)
+        when = loop.time() + timeout
+        if when != when:  # NaN: asyncio's heap fires it at once, and so does this
+            when = -math.inf
+        timer = _call_at_for(loop)(when, _release_waiter, waiter)
         on_done = functools.partial(_release_waiter, waiter)
         fut = _ensure_future(fut, loop=loop)
         fut.add_done_callback(on_done)

@@ -22,6 +22,7 @@ DEFAULT_BUCKETS = 13
 MAX_BUCKETS = 256
 DEFAULT_DRAIN_THRESHOLD = 4096
 MIN_DRAIN_THRESHOLD = 16
+MAX_DRAIN_THRESHOLD = 2**31 - 1  # the native backend's C int
 
 
 class TimerThread:
@@ -38,11 +39,8 @@ class TimerThread:
 
     def __init__(self, buckets: int = DEFAULT_BUCKETS, *,
                  drain_threshold: int = DEFAULT_DRAIN_THRESHOLD) -> None:
-        buckets, drain_threshold = _check_int(buckets), _check_int(drain_threshold)
-        if not 1 <= buckets <= MAX_BUCKETS:
-            raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}")
-        if drain_threshold < MIN_DRAIN_THRESHOLD:
-            raise ValueError(f"drain_threshold must be at least {MIN_DRAIN_THRESHOLD}")
+        _int_option(buckets, "buckets", 1, MAX_BUCKETS)
+        _int_option(drain_threshold, "drain_threshold", MIN_DRAIN_THRESHOLD, MAX_DRAIN_THRESHOLD)
         self._sched = Scheduler(buckets)
 
     @property
@@ -117,7 +115,9 @@ class TimerThread:
         return f"<bucketimer.TimerThread {state} (pure Python)>"
 
 
-def _check_int(value: Any) -> int:
+def _int_option(value: Any, what: str, lo: int, hi: int) -> None:
+    """The native backend's check of an int option (ext/timer_thread_type.c)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"an integer is required, not {type(value).__name__}")
-    return value
+        raise TypeError(f"{what} must be an integer, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} must be between {lo} and {hi}")
