@@ -10,6 +10,12 @@
  * slot's state word (not a lock) decides between a cancel and a fire.
  * Only this file changes a Handle once made: the port's drain runs it
  * (ext_handle_run), a Timeout moves it (ext_handle_postpone), close drops it.
+ *
+ * Two types share the layout and all of this: Handle, what a TimerThread's
+ * call_later/call_at return, whose cancel() says whether it won; and
+ * LoopHandle, what the drop-in loop's return, with asyncio.TimerHandle's
+ * methods (cancel() returns None; cancelled() is True once cancel() was
+ * called).  One method, one meaning, on each (docs/asyncio.rst).
  */
 #include "module.h"
 
@@ -22,19 +28,24 @@ static void Handle_dealloc(HandleObject *self) {
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
     ext_state *st = self->tt ? self->tt->st : NULL; /* the module outlives its TimerThreads */
     Handle_clear(self);
-    if (st && tp == st->Handle_Type && ext_freelist_put(&st->handles, (PyObject *)self)) return;
+    /* one free list for both types: a taken object is made anew as either */
+    if (st && (tp == st->Handle_Type || tp == st->LoopHandle_Type) &&
+        ext_freelist_put(&st->handles, (PyObject *)self))
+        return;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
-static HandleObject *handle_alloc(ext_state *st) {
-    HandleObject *h = (HandleObject *)ext_freelist_take(&st->handles, st->Handle_Type);
-    return h ? h : PyObject_GC_New(HandleObject, st->Handle_Type);
+static HandleObject *handle_alloc(ext_state *st, PyTypeObject *tp) {
+    HandleObject *h = (HandleObject *)ext_freelist_take(&st->handles, tp);
+    return h ? h : PyObject_GC_New(HandleObject, tp);
 }
 
 HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags) {
-    HandleObject *h = handle_alloc(tt->st);
+    ext_state *st = tt->st;
+    HandleObject *h =
+        handle_alloc(st, (flags & EXT_SCHED_COMPAT) ? st->LoopHandle_Type : st->Handle_Type);
     if (!h) {
         Py_DECREF(port);
         return NULL;
@@ -43,6 +54,7 @@ HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double whe
     h->port = port;
     h->id = 0;
     h->when = when;
+    h->when_obj = NULL;
     h->callback = Py_NewRef(cb);
     h->args = ext_tuple_from_array(args, nargs);
     /* A Timeout's expiry only calls task.cancel(): it needs no copy of the
@@ -51,7 +63,6 @@ HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double whe
                  : (flags & EXT_SCHED_TIMEOUT) ? NULL
                                             : PyContext_CopyCurrent();
     atomic_init(&h->state, H_PENDING);
-    h->compat = (flags & EXT_SCHED_COMPAT) != 0;
     h->cancel_called = 0;
     h->is_timeout = (flags & EXT_SCHED_TIMEOUT) != 0;
     h->weakreflist = NULL;
@@ -62,6 +73,14 @@ HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double whe
     }
     return h;
 }
+
+void ext_handle_keep_when(PyObject *h, PyObject *when) {
+    if (PyLong_CheckExact(when) ||
+        (Py_TYPE(h) == ((HandleObject *)h)->tt->st->LoopHandle_Type && !PyFloat_CheckExact(when)))
+        ((HandleObject *)h)->when_obj = Py_NewRef(when);
+}
+
+void ext_handle_when_nan(PyObject *h) { ((HandleObject *)h)->when = NAN; }
 
 void ext_handle_abandon(HandleObject *h) {
     atomic_store(&h->state, H_DROPPED);
@@ -94,32 +113,37 @@ int ext_handle_cancel(HandleObject *self) {
 }
 
 static PyObject *Handle_cancel(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (self->compat) {
-        self->cancel_called = 1;
-        ext_handle_cancel(self);
-        Py_RETURN_NONE;
-    }
     return PyBool_FromLong(ext_handle_cancel(self));
 }
 
 static PyObject *Handle_cancelled(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
-    return PyBool_FromLong(atomic_load(&self->state) == H_CANCELLED ||
-                           (self->compat && self->cancel_called));
+    return PyBool_FromLong(atomic_load(&self->state) == H_CANCELLED);
 }
 
+static PyObject *LoopHandle_cancel(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    self->cancel_called = 1;
+    ext_handle_cancel(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *LoopHandle_cancelled(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyBool_FromLong(self->cancel_called);
+}
+
+/* when(), and asyncio.TimerHandle's private `_when`, which tests read from
+ * what loop.call_at returned (docs/asyncio.rst, "The drop-in loop"). */
 static PyObject *Handle_when(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (self->when_obj) return Py_NewRef(self->when_obj);
     return PyFloat_FromDouble(self->when);
+}
+
+static PyObject *Handle_get_when(HandleObject *self, void *Py_UNUSED(c)) {
+    return Handle_when(self, NULL);
 }
 
 static PyObject *Handle_get_context(HandleObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!self->context) Py_RETURN_NONE;
     return Py_NewRef(self->context);
-}
-
-/* asyncio.TimerHandle's private `_when`, which tests read from what
- * loop.call_at returned (docs/asyncio.rst, "The drop-in loop"). */
-static PyObject *Handle_get_when(HandleObject *self, void *Py_UNUSED(c)) {
-    return PyFloat_FromDouble(self->when);
 }
 
 static PyObject *Handle_get_id(HandleObject *self, void *Py_UNUSED(c)) {
@@ -143,29 +167,46 @@ static PyObject *Handle_get_args(HandleObject *self, void *Py_UNUSED(c)) {
 
 static PyObject *Handle_repr(HandleObject *self) {
     static const char *names[] = {"pending", "cancelled", "ran", "dropped"};
+    const char *kind = Py_TYPE(self) == self->tt->st->LoopHandle_Type ? "LoopHandle" : "Handle";
     int st = atomic_load(&self->state);
     if (self->callback) {
-        PyObject *when = PyFloat_FromDouble(self->when);
+        PyObject *when = Handle_when(self, NULL);
         if (!when) return NULL;
-        PyObject *r = PyUnicode_FromFormat("<bucketimer.Handle %s when=%R %R>", names[st], when,
+        PyObject *r = PyUnicode_FromFormat("<bucketimer.%s %s when=%R %R>", kind, names[st], when,
                                            self->callback);
         Py_DECREF(when);
         return r;
     }
-    return PyUnicode_FromFormat("<bucketimer.Handle %s id=%llu>", names[st],
+    return PyUnicode_FromFormat("<bucketimer.%s %s id=%llu>", kind, names[st],
                                 (unsigned long long)self->id);
 }
 
+#define HANDLE_WHEN_DOC                                                                      \
+    "when($self, /)\n--\n\nThe deadline, in time.monotonic() seconds (the int given to "     \
+    "call_at, if it was one)."
+#define HANDLE_GET_CONTEXT_DOC                                                               \
+    "get_context($self, /)\n--\n\nThe contextvars.Context the callback runs in (None once " \
+    "finished)."
+
 static PyMethodDef Handle_methods[] = {
     {"cancel", (PyCFunction)Handle_cancel, METH_NOARGS,
-     "cancel() -> bool\n\nTrue iff this call guaranteed the callback never runs. False if it "
-     "is running, has run, was cancelled or dropped before, or its TimerThread is closed."},
+     "cancel($self, /)\n--\n\nTrue iff this call guaranteed the callback never runs. False if "
+     "it is running, has run, was cancelled or dropped before, or its TimerThread is closed."},
     {"cancelled", (PyCFunction)Handle_cancelled, METH_NOARGS,
-     "True iff a cancel() of this handle won."},
-    {"when", (PyCFunction)Handle_when, METH_NOARGS,
-     "The deadline, in time.monotonic() seconds."},
-    {"get_context", (PyCFunction)Handle_get_context, METH_NOARGS,
-     "The contextvars.Context the callback runs in (None once finished)."},
+     "cancelled($self, /)\n--\n\nTrue iff a cancel() of this handle won."},
+    {"when", (PyCFunction)Handle_when, METH_NOARGS, HANDLE_WHEN_DOC},
+    {"get_context", (PyCFunction)Handle_get_context, METH_NOARGS, HANDLE_GET_CONTEXT_DOC},
+    {NULL}};
+
+static PyMethodDef LoopHandle_methods[] = {
+    {"cancel", (PyCFunction)LoopHandle_cancel, METH_NOARGS,
+     "cancel($self, /)\n--\n\nCancel the callback if it has not run (asyncio.TimerHandle."
+     "cancel()): returns None."},
+    {"cancelled", (PyCFunction)LoopHandle_cancelled, METH_NOARGS,
+     "cancelled($self, /)\n--\n\nTrue once cancel() was called, even if the callback had "
+     "run (asyncio.TimerHandle.cancelled())."},
+    {"when", (PyCFunction)Handle_when, METH_NOARGS, HANDLE_WHEN_DOC},
+    {"get_context", (PyCFunction)Handle_get_context, METH_NOARGS, HANDLE_GET_CONTEXT_DOC},
     {NULL}};
 
 static PyGetSetDef Handle_getset[] = {
@@ -193,12 +234,34 @@ static PyType_Slot Handle_slots[] = {
     {Py_tp_repr, Handle_repr},
     {0, NULL}};
 
+static PyType_Slot LoopHandle_slots[] = {
+    {Py_tp_doc, "A callback the drop-in loop's call_later / call_at scheduled, with "
+                "asyncio.TimerHandle's methods."},
+    {Py_tp_dealloc, Handle_dealloc},
+    {Py_tp_traverse, Handle_traverse},
+    {Py_tp_clear, Handle_clear},
+    {Py_tp_methods, LoopHandle_methods},
+    {Py_tp_getset, Handle_getset},
+    {Py_tp_members, Handle_members},
+    {Py_tp_repr, Handle_repr},
+    {0, NULL}};
+
+#define HANDLE_FLAGS                                                      \
+    (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE | \
+     Py_TPFLAGS_DISALLOW_INSTANTIATION)
+
 PyType_Spec Handle_spec = {
     .name = "bucketimer._core.Handle",
     .basicsize = sizeof(HandleObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
-             Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .flags = HANDLE_FLAGS,
     .slots = Handle_slots,
+};
+
+PyType_Spec LoopHandle_spec = {
+    .name = "bucketimer._core.LoopHandle",
+    .basicsize = sizeof(HandleObject),
+    .flags = HANDLE_FLAGS,
+    .slots = LoopHandle_slots,
 };
 
 /* ---- what the rest of the module does to a Handle ------------------------- */
@@ -264,6 +327,7 @@ int ext_handle_run(HandleObject *h, PyObject *on_error, int drop) {
 int ext_handle_postpone(HandleObject *h, double when) {
     if (bt_postpone(h->tt->core, h->id, bt_deadline_at(when)) != BT_POSTPONED) return 0;
     h->when = when;
+    Py_CLEAR(h->when_obj);
     return 1;
 }
 

@@ -38,22 +38,30 @@ static PyObject *module_compat_status(PyObject *m, PyObject *Py_UNUSED(ignored))
 }
 
 static PyMethodDef module_functions[] = {
-    {"monotonic_ns", module_monotonic_ns, METH_NOARGS, "The core's clock, CLOCK_MONOTONIC ns."},
-    {"timeout", ext_timeout, METH_O,
-     "timeout(delay) -> Timeout\n\nasyncio.timeout(delay), with the timer in bucketimer's core."},
-    {"timeout_at", ext_timeout_at, METH_O,
-     "timeout_at(when) -> Timeout\n\nasyncio.timeout_at(when), with the timer in bucketimer's "
-     "core."},
+    {"monotonic_ns", module_monotonic_ns, METH_NOARGS,
+     "monotonic_ns($module, /)\n--\n\nThe core's clock, CLOCK_MONOTONIC ns."},
+    {"timeout", (PyCFunction)(void (*)(void))ext_timeout, METH_FASTCALL | METH_KEYWORDS,
+     "timeout($module, /, delay)\n--\n\nasyncio.timeout(delay), with the timer in "
+     "bucketimer's core."},
+    {"timeout_at", (PyCFunction)(void (*)(void))ext_timeout_at, METH_FASTCALL | METH_KEYWORDS,
+     "timeout_at($module, /, when)\n--\n\nasyncio.timeout_at(when), with the timer in "
+     "bucketimer's core."},
     {"default_timer_thread", module_default_timer_thread, METH_NOARGS,
-     "default_timer_thread() -> TimerThread\n\nThe process-wide TimerThread, created on first "
+     "default_timer_thread($module, /)\n--\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
     {"_set_default_class", module_set_default_class, METH_O, NULL},
+    {"_loop_clock_is_foreign", ext_loop_clock_is_foreign, METH_O,
+     "_loop_clock_is_foreign($module, loop, /)\n--\n\nTrue if loop.time() is not a "
+     "CLOCK_MONOTONIC clock the core keeps (a virtual clock, a patched time())."},
+    {"_add_monotonic_clock", ext_add_monotonic_clock, METH_O,
+     "_add_monotonic_clock($module, time, /)\n--\n\nTells the helpers that a loop class "
+     "whose `time` is this reads CLOCK_MONOTONIC."},
     {"_compat_status", module_compat_status, METH_NOARGS,
      "Which reads of CPython's private state are in use (docs/design.rst)."},
 #if PY_VERSION_HEX >= 0x030C0000
     {"wait_for", (PyCFunction)(void (*)(void))ext_wait_for, METH_FASTCALL | METH_KEYWORDS,
-     "wait_for(fut, timeout) -> coroutine\n\nasyncio.wait_for() of 3.12 and later, with the "
-     "timer in bucketimer's core."},
+     "wait_for($module, /, fut, timeout)\n--\n\nasyncio.wait_for() of 3.12 and later, with "
+     "the timer in bucketimer's core."},
     {"_set_wait_for_nonpositive", ext_set_wait_for_nonpositive, METH_O, NULL},
 #endif
     {NULL}};
@@ -69,6 +77,7 @@ static int add_type(PyObject *m, PyTypeObject **field, PyType_Spec *spec, int pu
 
 static int add_types(PyObject *m, ext_state *st) {
     if (add_type(m, &st->Handle_Type, &Handle_spec, 1) < 0 ||
+        add_type(m, &st->LoopHandle_Type, &LoopHandle_spec, 1) < 0 ||
         add_type(m, &st->Port_Type, &Port_spec, 1) < 0 ||
         add_type(m, &st->TimerThread_Type, &TimerThread_spec, 1) < 0 ||
         add_type(m, &st->Scheduler_Type, &Scheduler_spec, 1) < 0 ||
@@ -100,6 +109,7 @@ static int import_asyncio(ext_state *st) {
     if (!bel) return -1;
     st->stock_time = PyObject_GetAttr(bel, st->str_time);
     Py_DECREF(bel);
+    if (!(st->monotonic_clocks = PyList_New(0))) return -1;
     st->CancelledError = ext_import_attr("asyncio.exceptions", "CancelledError");
     st->AbstractEventLoop = ext_import_attr("asyncio.events", "AbstractEventLoop");
     st->ExceptionGroup = ext_import_attr("builtins", "ExceptionGroup");

@@ -72,7 +72,7 @@ static inline PyObject *ext_tuple_from_array(PyObject *const *items, Py_ssize_t 
 
 typedef struct {
     /* types */
-    PyTypeObject *TimerThread_Type, *Handle_Type, *Port_Type, *Scheduler_Type;
+    PyTypeObject *TimerThread_Type, *Handle_Type, *LoopHandle_Type, *Port_Type, *Scheduler_Type;
     PyTypeObject *Timeout_Type, *Step_Type, *WaitFor_Type; /* WaitFor: 3.12+ */
     PyTypeObject *GrpcUnary_Type, *GrpcCall_Type;           /* grpc_unary_type.c */
     PyTypeObject *GrpcAioUnary_Type, *GrpcAioCoro_Type;     /* grpc_aio_type.c: 3.12+ */
@@ -91,31 +91,38 @@ typedef struct {
     /* the process default TimerThread (timer_thread_type.c owns it), and a
      * cache; both written with the GIL held */
     PyObject *default_tt;
-    /* the last loop type looked at (only compared) */
+    /* loop clocks that read CLOCK_MONOTONIC besides stock_time (a list;
+     * bucketimer.loop adds uvloop's) */
+    PyObject *monotonic_clocks;
+    /* the last loop type looked at (only compared) and its version tag,
+     * which changes when its `time` is replaced (timeout_type.c, loop_clock) */
     PyTypeObject *time_checked_type;
-    int time_checked_is_stock;       /* ... and whether it has the stock time() */
+    unsigned int time_checked_tag;
+    int time_checked_kind;           /* ... and its EXT_CLOCK_* */
     /* free lists (freelist.h) and their storage */
     ext_freelist handles, timeouts, steps;
     PyObject *handle_store[HANDLE_FREELIST];
     PyObject *timeout_store[TIMEOUT_FREELIST];
     PyObject *step_store[STEP_FREELIST];
     /* interned names */
-    PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_cancel, *str_cancelling;
+    PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_call_at, *str_cancel;
+    PyObject *str_cancelling;
     PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions, *str_drain;
 } ext_state;
 
 /* The state's strong references (module.c's traverse and clear) and its
  * interned names with their text (created and cleared by module.c). */
 #define EXT_STATE_TYPES(X) \
-    X(TimerThread_Type) X(Handle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
+    X(TimerThread_Type) X(Handle_Type) X(LoopHandle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
     X(Step_Type) X(WaitFor_Type) X(GrpcUnary_Type) X(GrpcCall_Type) X(GrpcAioUnary_Type) \
     X(GrpcAioCoro_Type)
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
-    X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt)
+    X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
+    X(monotonic_clocks)
 #define EXT_STATE_NAMES(X)                                                                  \
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
-    X(str_call_soon, "call_soon")                                                       \
+    X(str_call_soon, "call_soon") X(str_call_at, "call_at")                            \
     X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
     X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")         \
     X(str_drain, "drain")
@@ -162,20 +169,20 @@ typedef struct {
     PortObject *port;      /* strong */
     uint64_t id;
     double when;
+    PyObject *when_obj;    /* what call_at was given, which when() returns; or NULL */
     PyObject *callback;    /* NULL once finished */
     PyObject *args;
     PyObject *context;
     _Atomic int state;
-    /* asyncio.TimerHandle semantics (the drop-in loop's handles): cancel()
-     * returns None, and cancelled() is True once cancel() was called, even
-     * if the callback had already run. */
-    int compat;
-    int cancel_called;
+    /* A LoopHandle's cancel() was called (its cancelled(), as
+     * asyncio.TimerHandle's, is True from then on, even if it had run).
+     * Both flags are chars, so that when_obj costs a Handle no size class. */
+    unsigned char cancel_called;
     /* the callback is a Timeout whose expiry this runs (no bound method) */
-    int is_timeout;
+    unsigned char is_timeout;
     PyObject *weakreflist;
 } HandleObject;
-#define HANDLE_REFS(X) X(tt) X(port) X(callback) X(args) X(context)
+#define HANDLE_REFS(X) X(tt) X(port) X(when_obj) X(callback) X(args) X(context)
 
 struct TimerThreadObject {
     PyObject_HEAD
@@ -218,13 +225,16 @@ typedef struct TimeoutObject {
 
 /* ---- types (their specs, added to the module by module.c) --------------- */
 
-extern PyType_Spec Handle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
+extern PyType_Spec Handle_spec, LoopHandle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
     Timeout_spec, WaitFor_spec, GrpcUnary_spec, GrpcCall_spec, GrpcAioUnary_spec, GrpcAioCoro_spec;
 
 /* ---- across files ------------------------------------------------------- */
 
 /* schedule.c */
 PyObject *ext_raise_errno(int rc, const char *what);
+/* TypeError("<what> must be <be>, not <type(o).__name__>"), the message
+ * the pure backend writes with an f-string; returns -1. */
+int ext_type_error(const char *what, const char *be, PyObject *o);
 /* A delay or deadline as seconds: TypeError for what is not a real number
  * (bool, str, None...), ValueError for NaN; beyond the double range, +-inf. */
 int ext_to_seconds(PyObject *o, const char *what, double *out);
@@ -232,8 +242,12 @@ int ext_to_seconds(PyObject *o, const char *what, double *out);
  * not NULL, loop=. */
 int ext_parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                         int absolute, PyObject **loop, PyObject **context);
-#define EXT_SCHED_COMPAT 1  /* asyncio.TimerHandle semantics */
+#define EXT_SCHED_COMPAT 1  /* a LoopHandle: asyncio.TimerHandle's semantics */
 #define EXT_SCHED_TIMEOUT 2 /* cb is a Timeout: expire it */
+/* The one argument of a function taking `name` by position or keyword
+ * (asyncio's timeout(delay), timeout_at(when), reschedule(when)). */
+int ext_one_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *func,
+                const char *name, PyObject **out);
 /* The common tail of every way to schedule: `t` is a parsed delay or
  * deadline (`absolute`), `loop` the loop it goes to (None: the dispatcher).
  * A new Handle, or NULL. */
@@ -258,6 +272,11 @@ int ext_deliver_due(ext_state *st, PyObject *loop);
  * needs none). */
 HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double when, PyObject *cb,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *context, int flags);
+/* call_at's `when` argument, kept for when() as asyncio's TimerHandle keeps
+ * it: on a LoopHandle whatever it was, on a Handle an int. */
+void ext_handle_keep_when(PyObject *h, PyObject *when);
+/* A LoopHandle given a NaN time: when() is NaN, as asyncio's would be. */
+void ext_handle_when_nan(PyObject *h);
 /* A Handle the core refused: both its references dropped. */
 void ext_handle_abandon(HandleObject *h);
 void ext_handle_release_callback(HandleObject *self);
@@ -283,13 +302,21 @@ PyObject *ext_TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
 
 /* timeout_type.c */
 PyObject *ext_throw_args_exception(PyObject *const *args, Py_ssize_t nargs);
+/* What a loop's clock is: its own (a virtual clock: the loop's own timers
+ * follow it), CLOCK_MONOTONIC through loop.time(), or asyncio's
+ * BaseEventLoop.time, which the core reads itself.  -1 with an error. */
+enum { EXT_CLOCK_FOREIGN = 0, EXT_CLOCK_MONOTONIC = 1, EXT_CLOCK_STOCK = 2 };
+int ext_loop_clock(ext_state *st, PyObject *loop);
+PyObject *ext_loop_clock_is_foreign(PyObject *m, PyObject *loop);
+PyObject *ext_add_monotonic_clock(PyObject *m, PyObject *time);
 PyObject *ext_need_running_loop(ext_state *st);
 PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns);
 int ext_timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns);
 int ext_timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val);
 PyObject *ext_timeout_fire(PyObject *timeout);
-PyObject *ext_timeout(PyObject *m, PyObject *delay);
-PyObject *ext_timeout_at(PyObject *m, PyObject *when);
+PyObject *ext_timeout(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *ext_timeout_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames);
 
 /* wait_for_type.c (3.12 and later) */
 PyObject *ext_wait_for(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);

@@ -50,14 +50,20 @@ static int is_real_number(PyObject *o) {
     return PyLong_Check(o) || PyFloat_Check(o) || (nb && (nb->nb_float || nb->nb_index));
 }
 
+int ext_type_error(const char *what, const char *be, PyObject *o) {
+    PyObject *name = PyType_GetName(Py_TYPE(o));
+    if (!name) return -1;
+    PyErr_Format(PyExc_TypeError, "%s must be %s, not %U", what, be, name);
+    Py_DECREF(name);
+    return -1;
+}
+
 int ext_to_seconds(PyObject *o, const char *what, double *out) {
     double v;
     if (PyFloat_CheckExact(o)) {
         v = PyFloat_AS_DOUBLE(o);
     } else if (PyBool_Check(o) || !is_real_number(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a real number, not %.100s", what,
-                     Py_TYPE(o)->tp_name);
-        return -1;
+        return ext_type_error(what, "a real number", o);
     } else {
         v = PyFloat_AsDouble(o);
         if (v == -1.0 && PyErr_Occurred() &&
@@ -70,6 +76,30 @@ int ext_to_seconds(PyObject *o, const char *what, double *out) {
     }
     *out = v;
     return 0;
+}
+
+int ext_one_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *func,
+                const char *name, PyObject **out) {
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nk == 1) {
+        if (nargs == 1) {
+            *out = args[0];
+            return 0;
+        }
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), name) == 0) {
+            *out = args[0];
+            return 0;
+        }
+        PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", func,
+                     PyTuple_GET_ITEM(kwnames, 0));
+        return -1;
+    }
+    if (nargs + nk == 0)
+        PyErr_Format(PyExc_TypeError, "%s() missing 1 required positional argument: '%s'", func,
+                     name);
+    else
+        PyErr_Format(PyExc_TypeError, "%s() takes 1 argument (%zd given)", func, nargs + nk);
+    return -1;
 }
 
 /* The argument shape every call_later/call_at shares: (time, callback,
@@ -100,15 +130,11 @@ int ext_parse_schedule_args(PyObject *const *args, Py_ssize_t nargs, PyObject *k
 /* The callback and context, checked (a Timeout's expiry is its own). */
 static int check_target(PyObject *cb, PyObject **context, int flags) {
     if (!(flags & EXT_SCHED_TIMEOUT) && !PyCallable_Check(cb)) {
-        PyErr_Format(PyExc_TypeError, "callback must be callable, not %.100s",
-                     Py_TYPE(cb)->tp_name);
-        return -1;
+        return ext_type_error("callback", "callable", cb);
     }
     if (*context == Py_None) *context = NULL;
     if (*context && !PyContext_CheckExact(*context)) {
-        PyErr_Format(PyExc_TypeError, "context must be a contextvars.Context, not %.100s",
-                     Py_TYPE(*context)->tp_name);
-        return -1;
+        return ext_type_error("context", "a contextvars.Context", *context);
     }
     return 0;
 }

@@ -2,7 +2,7 @@
  * scheduler_type.c -- the drop-in loop's call_at/call_later: a callable bound to
  * (TimerThread, loop), set on the loop instance (loop.py), so that
  * loop.call_later(d, cb) is one vectorcall into schedule.c.  Its handles
- * have asyncio.TimerHandle's semantics (cancel() returns None).  A
+ * are LoopHandles, with asyncio.TimerHandle's semantics (cancel() returns None).  A
  * Scheduler never changes once made; it is called with the GIL held.
  */
 #include "module.h"
@@ -20,6 +20,49 @@ typedef struct {
 } SchedulerObject;
 #define SCHEDULER_REFS(X) X(tt) X(loop)
 
+/* The time argument as asyncio's loop takes it (docs/asyncio.rst, "One
+ * contract"): None is refused with asyncio's messages; ints (bools too) and
+ * floats are taken, an int too large for a float raising call_later's
+ * OverflowError (asyncio's `self.time() + delay`) and being +-inf to
+ * call_at; anything else is added to the clock's reading for call_later
+ * (a Fraction is, a Decimal or a str is not) and must be a real number for
+ * call_at.  *absolute says which `*t` is (call_later's sum is a deadline). */
+static int loop_time_arg(PyObject *o, int *absolute, double *t) {
+    if (o == Py_None) {
+        PyErr_SetString(PyExc_TypeError,
+                        *absolute ? "when cannot be None" : "delay must not be None");
+        return -1;
+    }
+    if (PyFloat_Check(o)) {
+        *t = PyFloat_AS_DOUBLE(o);
+        return 0;
+    }
+    if (PyBool_Check(o)) {
+        *t = o == Py_True;
+        return 0;
+    }
+    if (PyLong_Check(o)) {
+        if (*absolute) return ext_to_seconds(o, "when", t);
+        *t = PyLong_AsDouble(o);
+        return *t == -1.0 && PyErr_Occurred() ? -1 : 0;
+    }
+    if (*absolute) return ext_to_seconds(o, "when", t);
+    PyObject *now = PyFloat_FromDouble((double)bt_now_ns() / 1e9);
+    PyObject *when = now ? PyNumber_Add(now, o) : NULL;
+    Py_XDECREF(now);
+    if (!when) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            ext_type_error("delay", "a real number", o);
+        }
+        return -1;
+    }
+    int rc = ext_to_seconds(when, "delay", t);
+    Py_DECREF(when);
+    *absolute = 1;
+    return rc;
+}
+
 static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *args, size_t nargsf,
                                       PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -27,10 +70,16 @@ static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *ar
     if (ext_parse_schedule_args(args, nargs, kwnames, self->absolute, NULL, &context) < 0)
         return NULL;
     if (ext_check_open(self->tt) < 0) return NULL;
+    int absolute = self->absolute;
     double t;
-    if (ext_to_seconds(args[0], self->absolute ? "when" : "delay", &t) < 0) return NULL;
-    return ext_schedule(self->tt, self->absolute, t, args[1], args + 2, nargs - 2, self->loop,
-                             context, EXT_SCHED_COMPAT);
+    if (loop_time_arg(args[0], &absolute, &t) < 0) return NULL;
+    /* NaN: asyncio's heap runs it at once (`when >= end_time` is false) */
+    int nan = isnan(t);
+    PyObject *h = ext_schedule(self->tt, absolute, nan ? -INFINITY : t, args[1], args + 2,
+                               nargs - 2, self->loop, context, EXT_SCHED_COMPAT);
+    if (h && nan) ext_handle_when_nan(h);
+    else if (h && self->absolute) ext_handle_keep_when(h, args[0]);
+    return h;
 }
 
 EXT_GC_TRAVERSE(Scheduler, SchedulerObject, SCHEDULER_REFS)

@@ -21,42 +21,83 @@ static const char *const timeout_state_names[] = {"created", "active", "expiring
 
 /* ---- the loop's clock ------------------------------------------------------ */
 
-/* Whether `loop`'s class keeps asyncio's BaseEventLoop.time, i.e.
- * time.monotonic(), the core's clock: then it is read directly, which on
- * 3.12 saves a quarter of an `async with timeout()`.  The answer is cached
- * for the last loop class seen; patching `time` on a class after it was
- * first seen here goes unnoticed. */
-static int loop_time_is_stock(ext_state *st, PyObject *loop) {
-    PyTypeObject *tp = Py_TYPE(loop);
-    if (tp != st->time_checked_type) {
-        PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
-        if (!f) return -1;
-        st->time_checked_is_stock = (f == st->stock_time);
-        st->time_checked_type = tp;
-        Py_DECREF(f);
-    }
-    return st->time_checked_is_stock;
+/* The kind of clock a loop class's `time` is (EXT_CLOCK_*). */
+static int clock_kind(ext_state *st, PyObject *f) {
+    if (f == st->stock_time) return EXT_CLOCK_STOCK;
+    PyObject *clocks = st->monotonic_clocks;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(clocks); i++)
+        if (PyList_GET_ITEM(clocks, i) == f) return EXT_CLOCK_MONOTONIC;
+    return EXT_CLOCK_FOREIGN;
 }
 
-static PyObject *loop_time(ext_state *st, PyObject *loop) {
-    int stock = loop_time_is_stock(st, loop);
-    if (stock < 0) return NULL;
-    /* time.monotonic() computes the same double from the same ns */
-    if (stock) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
+/* The kind of `tp`'s `time`, cached for the last class seen.  The cache is
+ * keyed on the class's version tag too, which CPython changes whenever an
+ * attribute of the class or of a base is set (mock.patch.object on the
+ * class): a tag of 0 is no tag, and is never trusted. */
+static int type_clock(ext_state *st, PyTypeObject *tp) {
+    if (tp == st->time_checked_type && tp->tp_version_tag != 0 &&
+        tp->tp_version_tag == st->time_checked_tag)
+        return st->time_checked_kind;
+    PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
+    if (!f) return -1;
+    st->time_checked_type = tp;
+    st->time_checked_tag = tp->tp_version_tag;
+    st->time_checked_kind = clock_kind(st, f);
+    Py_DECREF(f);
+    return st->time_checked_kind;
+}
+
+/* Whether `loop` has a `time` of its own in its __dict__, which shadows
+ * its class's (mock.patch.object(loop, "time")): its class's `time` is a
+ * function, which the instance's __dict__ overrides.  An instance without a
+ * __dict__ cannot have one.  The dict is read directly (the first read
+ * makes it, where CPython keeps the attributes inline): a lookup, no bound
+ * method made. */
+static int instance_has_time(ext_state *st, PyObject *loop) {
+    if (Py_TYPE(loop)->tp_dictoffset == 0) return 0;
+    PyObject *dict = PyObject_GenericGetDict(loop, NULL);
+    if (!dict) return -1;
+    PyObject *v = PyDict_GetItemWithError(dict, st->str_time);
+    Py_DECREF(dict);
+    if (!v && PyErr_Occurred()) return -1;
+    return v != NULL;
+}
+
+int ext_loop_clock(ext_state *st, PyObject *loop) {
+    int kind = type_clock(st, Py_TYPE(loop));
+    if (kind <= EXT_CLOCK_FOREIGN) return kind;
+    int shadowed = instance_has_time(st, loop);
+    return shadowed < 0 ? -1 : shadowed ? EXT_CLOCK_FOREIGN : kind;
+}
+
+PyObject *ext_loop_clock_is_foreign(PyObject *m, PyObject *loop) {
+    int kind = ext_loop_clock(ext_state_of_module(m), loop);
+    return kind < 0 ? NULL : PyBool_FromLong(kind == EXT_CLOCK_FOREIGN);
+}
+
+PyObject *ext_add_monotonic_clock(PyObject *m, PyObject *time) {
+    ext_state *st = ext_state_of_module(m);
+    if (PyList_Append(st->monotonic_clocks, time) < 0) return NULL;
+    st->time_checked_type = NULL; /* the cached answer may change */
+    Py_RETURN_NONE;
+}
+
+/* loop.time(); the stock clock is read directly (time.monotonic() computes
+ * the same double from the same ns), which on 3.12 saves a quarter of an
+ * `async with timeout()`. */
+static PyObject *loop_time(ext_state *st, PyObject *loop, int kind) {
+    if (kind == EXT_CLOCK_STOCK) return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
     return PyObject_CallMethodNoArgs(loop, st->str_time);
 }
 
-/* `when <= loop.time()`, as asyncio's reschedule() asks it.  `now_ns`, if
- * not negative, is the stock clock read a moment ago by the same caller
- * (no Python code ran in between). */
-static int deadline_reached(ext_state *st, PyObject *loop, PyObject *when, int64_t now_ns) {
-    if (PyFloat_CheckExact(when)) {
-        int stock = loop_time_is_stock(st, loop);
-        if (stock < 0) return -1;
-        if (stock)
-            return PyFloat_AS_DOUBLE(when) <= (double)(now_ns >= 0 ? now_ns : bt_now_ns()) / 1e9;
-    }
-    PyObject *now = loop_time(st, loop);
+/* `when <= loop.time()`, as asyncio's reschedule() asks it, on a loop whose
+ * clock is of `kind`.  `now_ns`, if not negative, is the stock clock read a
+ * moment ago by the same caller (no Python code ran in between). */
+static int deadline_reached(ext_state *st, PyObject *loop, int kind, PyObject *when,
+                            int64_t now_ns) {
+    if (kind == EXT_CLOCK_STOCK && PyFloat_CheckExact(when))
+        return PyFloat_AS_DOUBLE(when) <= (double)(now_ns >= 0 ? now_ns : bt_now_ns()) / 1e9;
+    PyObject *now = loop_time(st, loop, kind);
     if (!now) return -1;
     int past = PyObject_RichCompareBool(when, now, Py_LE);
     Py_DECREF(now);
@@ -148,6 +189,17 @@ static PyObject *expire_soon(TimeoutObject *self, PyObject *loop) {
     return PyObject_CallMethodOneArg(loop, self->st->str_call_soon, self->on_timeout);
 }
 
+/* A loop with a clock of its own (a virtual one) gets asyncio's path:
+ * loop.call_at(when, self._on_timeout), whose timer follows that clock. */
+static PyObject *expire_on_loop(TimeoutObject *self, PyObject *loop) {
+    if (!self->on_timeout) {
+        self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
+        if (!self->on_timeout) return NULL;
+    }
+    return PyObject_CallMethodObjArgs(loop, self->st->str_call_at, self->when, self->on_timeout,
+                                      NULL);
+}
+
 /* A deadline in the future goes to the core: the handle expires this
  * Timeout directly. */
 static PyObject *expire_at(TimeoutObject *self, PyObject *loop) {
@@ -162,9 +214,18 @@ static PyObject *expire_at(TimeoutObject *self, PyObject *loop) {
  * deadline_reached()). */
 static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     if (self->when == Py_None) return 0;
-    int past = deadline_reached(self->st, loop, self->when, now_ns);
+    int kind = now_ns >= 0 ? EXT_CLOCK_STOCK : ext_loop_clock(self->st, loop);
+    if (kind < 0) return -1;
+    int past = deadline_reached(self->st, loop, kind, self->when, now_ns);
     if (past < 0) return -1;
-    PyObject *h = past ? expire_soon(self, loop) : expire_at(self, loop);
+    /* A NaN deadline is never reached, and asyncio's heap fires it at once
+     * (its `handle._when >= end_time` is false too): so does this. */
+    if (!past && kind != EXT_CLOCK_FOREIGN && PyFloat_Check(self->when) &&
+        isnan(PyFloat_AS_DOUBLE(self->when)))
+        past = 1;
+    PyObject *h = past                         ? expire_soon(self, loop)
+                  : kind == EXT_CLOCK_FOREIGN ? expire_on_loop(self, loop)
+                                              : expire_at(self, loop);
     if (!h) return -1;
     self->handler = h;
     return 0;
@@ -190,14 +251,18 @@ static int timeout_postpone(TimeoutObject *self, PyObject *when) {
     PyObject *loop = ext_running_loop(&st->compat);
     if (!loop) return -1;
     int ours = loop == h->port->loop;
-    int past = ours ? deadline_reached(st, loop, when, -1) : 0;
+    int kind = ours ? ext_loop_clock(st, loop) : EXT_CLOCK_FOREIGN;
+    int past = kind > EXT_CLOCK_FOREIGN ? deadline_reached(st, loop, kind, when, -1) : 0;
     Py_DECREF(loop);
-    if (past < 0) return -1;
-    if (!ours || past || isnan(t)) return 0;
+    if (kind < 0 || past < 0) return -1;
+    if (kind == EXT_CLOCK_FOREIGN || past || isnan(t)) return 0;
     return ext_handle_postpone(h, t);
 }
 
-static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *when) {
+static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames) {
+    PyObject *when;
+    if (ext_one_arg(args, nargs, kwnames, "reschedule", "when", &when) < 0) return NULL;
     if (self->state != T_ENTERED) {
         if (self->state == T_CREATED)
             PyErr_SetString(PyExc_RuntimeError, "Timeout has not been entered");
@@ -629,13 +694,15 @@ static PyObject *Timeout_repr(TimeoutObject *self) {
 }
 
 static PyMethodDef Timeout_methods[] = {
-    {"__aenter__", (PyCFunction)Timeout_aenter, METH_NOARGS, NULL},
-    {"__aexit__", (PyCFunction)(void (*)(void))Timeout_aexit, METH_FASTCALL, NULL},
-    {"when", (PyCFunction)Timeout_when, METH_NOARGS, "Return the current deadline."},
-    {"reschedule", (PyCFunction)Timeout_reschedule, METH_O,
-     "Reschedule the timeout (None: never)."},
+    {"__aenter__", (PyCFunction)Timeout_aenter, METH_NOARGS, "__aenter__($self, /)\n--\n\n"},
+    {"__aexit__", (PyCFunction)(void (*)(void))Timeout_aexit, METH_FASTCALL,
+     "__aexit__($self, exc_type, exc_val, exc_tb, /)\n--\n\n"},
+    {"when", (PyCFunction)Timeout_when, METH_NOARGS,
+     "when($self, /)\n--\n\nReturn the current deadline."},
+    {"reschedule", (PyCFunction)(void (*)(void))Timeout_reschedule, METH_FASTCALL | METH_KEYWORDS,
+     "reschedule($self, /, when)\n--\n\nReschedule the timeout (None: never)."},
     {"expired", (PyCFunction)Timeout_expired, METH_NOARGS,
-     "Is timeout expired during execution?"},
+     "expired($self, /)\n--\n\nIs timeout expired during execution?"},
     {NULL}};
 
 static PyMemberDef Timeout_members[] = {
@@ -644,7 +711,7 @@ static PyMemberDef Timeout_members[] = {
 
 static PyType_Slot Timeout_slots[] = {
     {Py_tp_doc,
-     "Timeout(when)\n\nAsynchronous context manager for cancelling overdue code: "
+     "Timeout(when)\n--\n\nAsynchronous context manager for cancelling overdue code: "
      "asyncio.Timeout with its timer in bucketimer's core.  Use timeout() or timeout_at()."},
     {Py_tp_new, Timeout_new},
     {Py_tp_dealloc, Timeout_dealloc},
@@ -669,13 +736,13 @@ PyType_Spec Timeout_spec = {
  * else -1. */
 PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, int64_t *now_ns) {
     PyObject *when = NULL;
-    int stock;
+    int kind;
     *now_ns = -1;
     if (delay == Py_None) {
         when = Py_NewRef(Py_None);
-    } else if ((stock = loop_time_is_stock(st, loop)) < 0) {
+    } else if ((kind = ext_loop_clock(st, loop)) < 0) {
         /* error set */
-    } else if (stock && (PyFloat_CheckExact(delay) || PyLong_CheckExact(delay))) {
+    } else if (kind == EXT_CLOCK_STOCK && (PyFloat_CheckExact(delay) || PyLong_CheckExact(delay))) {
         /* the float addition `loop.time() + delay` does, without making
          * loop.time()'s float (an int too large for a double raises the
          * same OverflowError there) */
@@ -685,7 +752,7 @@ PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, in
             when = PyFloat_FromDouble((double)*now_ns / 1e9 + d);
         }
     } else {
-        PyObject *now = loop_time(st, loop);
+        PyObject *now = loop_time(st, loop, kind);
         if (now) {
             when = PyNumber_Add(now, delay);
             Py_DECREF(now);
@@ -697,7 +764,9 @@ PyObject *ext_timeout_on_loop(ext_state *st, PyObject *loop, PyObject *delay, in
     return t;
 }
 
-PyObject *ext_timeout(PyObject *m, PyObject *delay) {
+PyObject *ext_timeout(PyObject *m, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *delay;
+    if (ext_one_arg(args, nargs, kwnames, "timeout", "delay", &delay) < 0) return NULL;
     ext_state *st = ext_state_of_module(m);
     PyObject *loop = ext_need_running_loop(st);
     if (!loop) return NULL;
@@ -707,6 +776,9 @@ PyObject *ext_timeout(PyObject *m, PyObject *delay) {
     return t;
 }
 
-PyObject *ext_timeout_at(PyObject *m, PyObject *when) {
+PyObject *ext_timeout_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                         PyObject *kwnames) {
+    PyObject *when;
+    if (ext_one_arg(args, nargs, kwnames, "timeout_at", "when", &when) < 0) return NULL;
     return timeout_make(ext_state_of_module(m), when);
 }

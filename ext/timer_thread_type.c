@@ -16,24 +16,36 @@
 
 /* ---- TimerThread -------------------------------------------------------- */
 
+/* An int option in [lo, hi] (an int, not a bool), its errors naming it as
+ * the pure backend's do. */
+static int int_option(PyObject *o, const char *what, long lo, long hi, unsigned int *out) {
+    if (!o) return 0;
+    if (PyBool_Check(o) || !PyLong_Check(o)) {
+        return ext_type_error(what, "an integer", o);
+    }
+    int overflow;
+    long v = PyLong_AsLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < lo || v > hi) {
+        PyErr_Format(PyExc_ValueError, "%s must be between %ld and %ld", what, lo, hi);
+        return -1;
+    }
+    *out = (unsigned int)v;
+    return 0;
+}
+
 static int TimerThread_init(TimerThreadObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"buckets", "drain_threshold", NULL};
     unsigned int buckets = BT_DEFAULT_BUCKETS, drain = BT_DEFAULT_DRAIN_THRESHOLD;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|I$I:TimerThread", kwlist, &buckets, &drain))
-        return -1;
+    PyObject *b = NULL, *d = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$O:TimerThread", kwlist, &b, &d)) return -1;
     if (self->core) {
         PyErr_SetString(PyExc_RuntimeError, "TimerThread is already initialised");
         return -1;
     }
-    if (buckets < 1 || buckets > BT_MAX_BUCKETS) {
-        PyErr_Format(PyExc_ValueError, "buckets must be between 1 and %d", BT_MAX_BUCKETS);
+    if (int_option(b, "buckets", 1, BT_MAX_BUCKETS, &buckets) < 0 ||
+        int_option(d, "drain_threshold", BT_MIN_DRAIN_THRESHOLD, INT_MAX, &drain) < 0)
         return -1;
-    }
-    if (drain < BT_MIN_DRAIN_THRESHOLD) {
-        PyErr_Format(PyExc_ValueError, "drain_threshold must be at least %d",
-                     BT_MIN_DRAIN_THRESHOLD);
-        return -1;
-    }
     self->st = ext_state_of_type(Py_TYPE(self));
     if (!self->st) return -1;
     self->ports = PyDict_New();
@@ -137,9 +149,7 @@ static inline int port_is_open(PortObject *p) { return bt_port_fd(p->port) >= 0;
 
 static int check_loop(ext_state *st, PyObject *loop) {
     int ok = PyObject_IsInstance(loop, st->AbstractEventLoop);
-    if (ok == 0)
-        PyErr_Format(PyExc_TypeError, "loop must be an asyncio event loop or None, not %.100s",
-                     Py_TYPE(loop)->tp_name);
+    if (ok == 0) ext_type_error("loop", "an asyncio event loop or None", loop);
     return ok == 1 ? 0 : -1;
 }
 
@@ -348,6 +358,7 @@ static PyObject *call_later_or_at(TimerThreadObject *self, PyObject *const *args
     PyObject *h = ext_schedule(self, absolute, t, args[1], args + 2, nargs - 2, resolved,
                                     context, 0);
     Py_DECREF(resolved);
+    if (h && absolute) ext_handle_keep_when(h, args[0]);
     return h;
 }
 
@@ -423,14 +434,16 @@ fail:
 static PyMethodDef TimerThread_methods[] = {
     {"call_later", (PyCFunction)(void (*)(void))TimerThread_call_later,
      METH_FASTCALL | METH_KEYWORDS,
-     "call_later(delay, callback, *args, loop=None, context=None) -> Handle\n\n"
+     "call_later($self, delay, callback, /, *args, loop=None, context=None)\n--\n\n"
      "Run callback(*args) after delay seconds.  Inside a running event loop (or with loop=) it "
      "runs in that loop's thread; otherwise on this TimerThread's dispatcher thread."},
     {"call_at", (PyCFunction)(void (*)(void))TimerThread_call_at, METH_FASTCALL | METH_KEYWORDS,
-     "call_at(when, callback, *args, loop=None, context=None) -> Handle\n\n"
+     "call_at($self, when, callback, /, *args, loop=None, context=None)\n--\n\n"
      "Like call_later, at time.monotonic() == when."},
-    {"stats", (PyCFunction)TimerThread_stats, METH_NOARGS, "The core's counters, as a dict."},
-    {"time", (PyCFunction)TimerThread_time, METH_NOARGS, "The core's clock: time.monotonic()."},
+    {"stats", (PyCFunction)TimerThread_stats, METH_NOARGS,
+     "stats($self, /)\n--\n\nThe core's counters, as a dict."},
+    {"time", (PyCFunction)TimerThread_time, METH_NOARGS,
+     "time($self, /)\n--\n\nThe core's clock: time.monotonic()."},
     {"_port", (PyCFunction)TimerThread_port, METH_O,
      "_port(loop) -> Port\n\nThe port of loop (None: the dispatcher's), opened and attached "
      "on first use."},

@@ -44,7 +44,12 @@ if TYPE_CHECKING or NATIVE:
     from .aio import Timeout, timeout, timeout_at, wait_for
 else:
     backend = "python"
-    from time import monotonic_ns
+    from time import monotonic_ns as _monotonic_ns
+
+    def monotonic_ns() -> int:
+        """The clock of the timers, CLOCK_MONOTONIC ns (``time.monotonic_ns()``,
+        with a signature that ``inspect`` can read on every version)."""
+        return _monotonic_ns()
 
     from ._pure import aio
     from ._pure._default import call_at, call_later, default_timer_thread

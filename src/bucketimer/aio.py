@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections.abc
 import functools
+import math
 import sys
 from asyncio import events, exceptions, futures, tasks
 from collections.abc import Awaitable, Coroutine
@@ -46,9 +47,13 @@ _get_running_loop = events.get_running_loop
 _ensure_future = tasks.ensure_future
 
 
-def _default_call_at() -> Any:
+def _call_at_for(loop: Any) -> Any:
+    """The core's call_at for ``loop``; the loop's own where its clock is
+    its own (a virtual clock, a patched ``time()``), whose timers follow it."""
+    if _core._loop_clock_is_foreign(loop):
+        return loop.call_at
     tt: TimerThread = default_timer_thread()
-    return tt.call_at
+    return functools.partial(tt.call_at, loop=loop)
 
 
 def _release_waiter(waiter: futures.Future[Any], *args: Any) -> None:
@@ -123,7 +128,10 @@ else:
             return await _wait_for_nonpositive(fut, loop)
 
         waiter = loop.create_future()
-        timer = _default_call_at()(loop.time() + timeout, _release_waiter, waiter, loop=loop)
+        when = loop.time() + timeout
+        if when != when:  # NaN: asyncio's heap fires it at once, and so does this
+            when = -math.inf
+        timer = _call_at_for(loop)(when, _release_waiter, waiter)
         on_done = functools.partial(_release_waiter, waiter)
         fut = _ensure_future(fut, loop=loop)
         fut.add_done_callback(on_done)

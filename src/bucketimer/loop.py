@@ -23,12 +23,13 @@ from 3.14 and are gone from 3.16.
 
 What differs from the stock loop, on purpose:
 
-* ``call_at``/``call_later`` return a :class:`bucketimer.Handle` in its
-  asyncio mode: ``when()``, ``cancel()`` (returns None), ``cancelled()``
-  (True once ``cancel()`` was called) and ``get_context()`` behave as
-  ``asyncio.TimerHandle``'s.  It is not an instance of ``asyncio.TimerHandle``
-  and is not ordered by ``<`` (nothing in asyncio orders handles it did not
-  put in its own heap).
+* ``call_at``/``call_later`` return a ``bucketimer._core.LoopHandle`` (not
+  a :class:`bucketimer.Handle`, whose ``cancel()`` returns whether it won):
+  ``when()`` (an ``int`` given to ``call_at`` stays one), ``cancel()``
+  (returns None), ``cancelled()`` (True once ``cancel()`` was called) and
+  ``get_context()`` behave as ``asyncio.TimerHandle``'s.  It is not an
+  instance of ``asyncio.TimerHandle`` and is not ordered by ``<`` (nothing
+  in asyncio orders handles it did not put in its own heap).
 * A timer never fires early (asyncio fires up to ``loop._clock_resolution``
   early), and equal deadlines fire in schedule order.
 * In debug mode (``loop.set_debug(True)``, ``PYTHONASYNCIODEBUG=1``,
@@ -57,6 +58,7 @@ from typing import Any, TypeVar, cast
 
 from . import _backend, _patch
 from ._backend import TimerThread
+from ._pure._arguments import to_seconds
 
 __all__ = ["EventLoop", "install", "new_event_loop", "run"]
 if sys.version_info < (3, 14):
@@ -75,6 +77,29 @@ def _without_own_frame(handle: Any) -> Any:
     if tb:
         del tb[-1]
     return handle
+
+
+# What the native call_at/call_later refuse (ext/scheduler_type.c), refused
+# the same way on asyncio's path (debug mode, a virtual clock, the pure
+# backend): asyncio's own None checks; a call_at deadline that is not a real
+# number (asyncio takes it and fails later, inside the loop); a call_later
+# delay that does not add to the clock, with a message naming it.
+# docs/asyncio.rst, "One contract", lists them.
+def _check_when(when: Any) -> None:
+    if when is None:
+        raise TypeError("when cannot be None")
+    if not isinstance(when, (int, float)):
+        to_seconds(when, "when")
+
+
+def _check_delay(delay: Any) -> None:
+    if delay is None:
+        raise TypeError("delay must not be None")
+    try:
+        when = _monotonic() + delay
+    except TypeError:
+        raise TypeError(f"delay must be a real number, not {type(delay).__name__}") from None
+    to_seconds(when, "delay")
 
 
 class _NativeTimersMixin:
@@ -159,8 +184,8 @@ class _NativeTimersMixin:
     def call_at(self, when: float, callback: Callable[..., object], *args: Any,
                 context: Any = None) -> Any:
         """Like ``call_later()``, but uses an absolute time (``loop.time()`` clock)."""
-        if when is None:
-            raise TypeError("when cannot be None")
+        if type(when) is not float and type(when) is not int:
+            _check_when(when)
         if not self._bt_native():
             return _without_own_frame(
                 super().call_at(when, callback, *args, context=context)  # type: ignore[misc]
@@ -173,8 +198,8 @@ class _NativeTimersMixin:
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any,
                    context: Any = None) -> Any:
         """Arrange for ``callback(*args)`` to be called after ``delay`` seconds."""
-        if delay is None:
-            raise TypeError("delay must not be None")
+        if type(delay) is not float and type(delay) is not int:
+            _check_delay(delay)
         if not self._bt_native():
             return _without_own_frame(
                 super().call_later(delay, callback, *args, context=context)  # type: ignore[misc]
@@ -361,6 +386,14 @@ if _uvloop is not None:
         def __init__(self, *, timer_thread: TimerThread | None = None) -> None:
             super().__init__()
             self._bt_init(timer_thread)
+
+    if _backend.NATIVE:
+        # Both clocks read CLOCK_MONOTONIC: the helpers keep their timers in
+        # the core on these loops (a clock of a loop's own gets the loop's).
+        from . import _core
+
+        _core._add_monotonic_clock(_uvloop.Loop.time)
+        _core._add_monotonic_clock(UVEventLoop.time)
 
     def new_uv_event_loop() -> UVEventLoop:
         """A new :class:`UVEventLoop`."""

@@ -981,7 +981,8 @@ def test_any_delay_same_outcome_as_asyncio(delay, sleeps):
     numbers of every kind and size and for things that are not numbers:
     the value, TimeoutError, or the same exception type (TypeError,
     OverflowError).  The awaited coroutine either returns at once or sleeps
-    5 ms.  (NaN is left out: see test_nan_delay_is_an_error.)"""
+    5 ms.  (NaN is left out: see
+    test_nan_delay_expires_at_once_as_asyncios_does.)"""
 
     async def work():
         if sleeps:
@@ -1018,21 +1019,28 @@ def test_any_delay_same_outcome_as_asyncio(delay, sleeps):
                 continue
             assert ours == ref, (delay, ours, ref)
 
-@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
-@pytest.mark.native
-def test_nan_delay_is_an_error():
-    """asyncio takes a NaN deadline (and arms a timer that never orders
-    properly in its heap); bucketimer refuses it with ValueError, as every
-    other bucketimer API does, and leaves the task as it was."""
+def test_nan_delay_expires_at_once_as_asyncios_does():
+    """asyncio takes a NaN deadline and its heap runs that timer on the next
+    turn (``when >= end_time`` is false): timeout, timeout_at, reschedule and
+    wait_for expire at once.  bucketimer's helpers do the same, and leave
+    the task's cancellation count as it was."""
 
-    async def main():
-        for make in (lambda: aio.timeout(math.nan), lambda: aio.timeout_at(math.nan)):
-            with pytest.raises(ValueError, match="NaN"):
+    async def main(mod):
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for make in (lambda: mod.timeout(math.nan), lambda: mod.timeout_at(math.nan)):
+            with pytest.raises(TimeoutError):
                 async with make():
-                    pass
-        with pytest.raises(ValueError, match="NaN"):
-            await aio.wait_for(asyncio.sleep(0), math.nan)
+                    await asyncio.sleep(5)
+        with pytest.raises(TimeoutError):
+            async with mod.timeout(None) as cm:
+                cm.reschedule(math.nan)
+                await asyncio.sleep(5)
+        with pytest.raises(TimeoutError):
+            await mod.wait_for(asyncio.sleep(5), math.nan)
+        assert loop.time() - t0 < 2.5
         return asyncio.current_task().cancelling()
 
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
-        assert r.run(main()) == 0
+    for mod in (asyncio, aio):
+        with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+            assert r.run(main(mod)) == 0

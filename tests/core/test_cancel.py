@@ -270,3 +270,21 @@ def test_an_id_from_one_core_cancels_nothing_on_another(cffi_core: Callable[...,
         assert lib.bt_port_drain_ids(pa, buf, 4) == 1 and buf[0] == id_a
         assert lib.bt_port_drain_ids(pb, buf, 4) == 1 and buf[0] == id_b
 
+
+
+def test_one_meaning_per_method_on_a_timer_threads_handle(tt, wait_until):
+    """A TimerThread's Handle: cancel() says whether this call won,
+    cancelled() whether a cancel won (not merely that one was asked for),
+    and when() keeps an int given to call_at, as asyncio's handles do."""
+    ran = Recorder()
+    h_ran = tt.call_later(0, ran)
+    ran.wait()
+    assert wait_until(lambda: h_ran.callback is None)
+    assert h_ran.cancel() is False and not h_ran.cancelled()
+    at = int(tt.time()) + 3600
+    h = tt.call_at(at, print)
+    assert type(h.when()) is int and h.when() == at
+    assert type(tt.call_at(float(at), print).when()) is float
+    assert h.cancel() is True and h.cancelled()
+    assert h.cancel() is False and h.cancelled()
+    assert type(h).__name__ == "Handle"

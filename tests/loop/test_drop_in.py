@@ -41,6 +41,8 @@ if uvloop is not None:
     LOOPS["uvloop"] = uvloop.new_event_loop
     LOOPS["bucketimer-uv"] = bt_loop.UVEventLoop
 NATIVE = {"bucketimer", "bucketimer-uv"}
+# What the drop-in loop's native call_at/call_later return.
+LoopHandle = getattr(bucketimer._core, "LoopHandle", None) if bucketimer.backend == "native" else None
 
 
 @pytest.fixture(params=sorted(LOOPS))
@@ -137,6 +139,42 @@ def test_cancel_prevents_call(loop):
     assert h.cancelled()
     run(loop, asyncio.sleep(0.03))
     assert got == []
+
+
+def test_handle_methods_mean_what_asyncios_do(kind, loop):
+    """One meaning per method, whichever loop made the handle: cancel()
+    returns None, cancelled() is True once cancel() was called (even after
+    the callback ran), when() keeps an int given to call_at."""
+    got = []
+    pending = loop.call_later(3600, got.append, "never")
+    ran = loop.call_later(0, got.append, "ran")
+    run(loop, asyncio.sleep(0.02))
+    assert got == ["ran"]
+    assert (pending.cancelled(), ran.cancelled()) == (False, False)
+    assert (pending.cancel(), ran.cancel()) == (None, None)
+    assert (pending.cancelled(), ran.cancelled()) == (True, True)
+    assert pending.cancel() is None and pending.cancelled()  # twice
+    at = int(loop.time()) + 3600
+    h = loop.call_at(at, got.append, "never")
+    try:
+        # uvloop's own handles (its loop's; the uvloop-based loop's on the
+        # pure backend) keep a float: libuv's clock
+        uv_timers = kind == "uvloop" or (kind == "bucketimer-uv" and bucketimer.backend != "native")
+        assert type(h.when()) is (float if uv_timers else int) and h.when() == at
+    finally:
+        h.cancel()
+    assert got == ["ran"]
+
+
+@pytest.mark.native
+def test_native_loop_handle_is_not_a_timer_threads_handle(native_loop):
+    h = native_loop.call_later(3600, lambda: None)
+    try:
+        assert type(h) is LoopHandle
+        assert not isinstance(h, bucketimer.Handle)
+        assert repr(h).startswith("<bucketimer.LoopHandle pending when=")
+    finally:
+        h.cancel()
 
 
 def test_cancel_after_fire(loop):
@@ -711,7 +749,7 @@ def test_native_timers_live_in_core(native_loop):
             await asyncio.sleep(0)
         await asyncio.wait_for(asyncio.sleep(0), 30)
         h = loop.call_later(30, lambda: None)
-        assert isinstance(h, bucketimer.Handle)
+        assert isinstance(h, LoopHandle)
         if hasattr(loop, "_scheduled"):
             assert len(loop._scheduled) == 0  # asyncio's heap stays empty
         h.cancel()
@@ -756,7 +794,7 @@ def test_native_fast_path_installed(native_loop):
     loop.set_debug(True)
     assert "call_later" not in loop.__dict__
     h = loop.call_later(1, lambda: None)
-    assert not isinstance(h, bucketimer.Handle)  # debug mode: the stock path
+    assert not isinstance(h, LoopHandle)  # debug mode: the stock path
     h.cancel()
     loop.set_debug(False)
     assert "call_later" in loop.__dict__
@@ -818,10 +856,10 @@ def test_native_patched_time_on_the_uvloop_based_loop_gets_uvloops_timers():
     try:
         with mock.patch.object(lp, "time", return_value=0.0):
             h = lp.call_later(3600, lambda: None)
-            assert not isinstance(h, bucketimer.Handle)
+            assert not isinstance(h, LoopHandle)
             h.cancel()
         h = lp.call_later(3600, lambda: None)
-        assert isinstance(h, bucketimer.Handle)
+        assert isinstance(h, LoopHandle)
         h.cancel()
     finally:
         lp.close()

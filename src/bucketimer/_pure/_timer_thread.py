@@ -23,6 +23,7 @@ DEFAULT_BUCKETS = 13
 MAX_BUCKETS = 256
 DEFAULT_DRAIN_THRESHOLD = 4096
 MIN_DRAIN_THRESHOLD = 16
+MAX_DRAIN_THRESHOLD = 2**31 - 1  # the native backend's C int
 
 
 class TimerThread:
@@ -42,11 +43,8 @@ class TimerThread:
     def __init__(self, buckets: int = DEFAULT_BUCKETS, *,
                  drain_threshold: int = DEFAULT_DRAIN_THRESHOLD,
                  slow_callback_duration: float | None = SLOW_CALLBACK_DURATION) -> None:
-        buckets, drain_threshold = _check_int(buckets), _check_int(drain_threshold)
-        if not 1 <= buckets <= MAX_BUCKETS:
-            raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}")
-        if drain_threshold < MIN_DRAIN_THRESHOLD:
-            raise ValueError(f"drain_threshold must be at least {MIN_DRAIN_THRESHOLD}")
+        _int_option(buckets, "buckets", 1, MAX_BUCKETS)
+        _int_option(drain_threshold, "drain_threshold", MIN_DRAIN_THRESHOLD, MAX_DRAIN_THRESHOLD)
         slow = check_slow_callback_duration(slow_callback_duration)
         self._sched = Scheduler(buckets)
         self._sched.dispatcher.time_callbacks(slow)
@@ -82,15 +80,20 @@ class TimerThread:
                 context: contextvars.Context | None = None) -> Handle:
         """Run ``callback(*args)`` at ``when`` on the ``time.monotonic()`` clock."""
         self._check_open()
-        return self._schedule(to_seconds(when, "when"), callback, args, loop, context)
+        seconds = to_seconds(when, "when")
+        # when() gives back an int as it was given, as asyncio's TimerHandle does
+        return self._schedule(seconds, callback, args, loop, context,
+                              when if type(when) is int else seconds)
 
-    def _schedule(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
-                  loop: asyncio.AbstractEventLoop | None, context: Any) -> Handle:
+    def _schedule(self, seconds: float, callback: Callable[..., object], args: tuple[Any, ...],
+                  loop: asyncio.AbstractEventLoop | None, context: Any,
+                  when: float | None = None) -> Handle:
         context = check_callback(callback, context)
         loop = asyncio.events._get_running_loop() if loop is None else check_loop(loop)
         if context is None:  # the caller's, as asyncio's call_later takes it
             context = contextvars.copy_context()
-        return self._sched.schedule(deadline_ns(when), when, callback, args, context, loop)
+        return self._sched.schedule(deadline_ns(seconds), seconds if when is None else when,
+                                    callback, args, context, loop)
 
     def _check_open(self) -> None:
         """A closed TimerThread refuses before it looks at the arguments."""
@@ -137,7 +140,9 @@ class TimerThread:
         return f"<bucketimer.TimerThread {state} (pure Python)>"
 
 
-def _check_int(value: Any) -> int:
+def _int_option(value: Any, what: str, lo: int, hi: int) -> None:
+    """The native backend's check of an int option (ext/timer_thread_type.c)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"an integer is required, not {type(value).__name__}")
-    return value
+        raise TypeError(f"{what} must be an integer, not {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{what} must be between {lo} and {hi}")
