@@ -374,14 +374,20 @@ if _uvloop is not None:
         ``UVEventLoop(*, timer_thread=None)``.  ``time()`` is
         ``time.monotonic()``, the core's clock, instead of uvloop's cached
         millisecond libuv clock (which lags it by up to a loop iteration and
-        makes ``call_at(loop.time() + d)`` fire early).
+        makes ``call_at(loop.time() + d)`` fire early).  On the pure-Python
+        backend the timers are uvloop's own, and so is ``time()``: a
+        deadline on one clock armed on the other would fire early.
         """
 
-        def time(self) -> float:
-            """``time.monotonic()``: the clock of the native timers."""
-            return _monotonic()
+        if _backend.NATIVE:
 
-        _bt_stock_time = time
+            def time(self) -> float:
+                """``time.monotonic()``: the clock of the native timers."""
+                return _monotonic()
+
+            _bt_stock_time = time
+        else:
+            _bt_stock_time = _uvloop.Loop.time
 
         def __init__(self, *, timer_thread: TimerThread | None = None) -> None:
             super().__init__()
