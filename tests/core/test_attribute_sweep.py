@@ -231,6 +231,32 @@ def use_handle(tt: Any, before: Hit, inside: Hit) -> None:
     _in_a_loop(main)
 
 
+def use_loop_handle(tt: Any, before: Hit, inside: Hit) -> None:
+    loop = bucketimer.EventLoop(timer_thread=tt)
+
+    async def main() -> None:
+        done = asyncio.Event()
+        handles: list[Any] = []
+
+        def cb(*args: Any) -> None:
+            inside(handles[0])
+            done.set()
+
+        handles.append(loop.call_later(0.001, cb, 1, 2))
+        before(handles[0])
+        await done.wait()
+        h = handles[0]
+        h.cancel(), h.cancelled(), h.when(), h.get_context(), repr(h)
+        far = loop.call_at(loop.time() + 30, cb)
+        before(far)
+        far.cancel(), far.cancelled(), repr(far)
+
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), 30))
+    finally:
+        loop.close()
+
+
 def use_port(tt: Any, before: Hit, inside: Hit) -> None:
     reports: list[Any] = []
 
@@ -542,6 +568,7 @@ def use_grpc_aio_coro(tt: Any, before: Hit, inside: Hit) -> None:
 USES: dict[str, Callable[[Any, Hit, Hit], None]] = {
     "TimerThread": use_timer_thread,
     "Handle": use_handle,
+    "LoopHandle": use_loop_handle,
     "Port": use_port,
     "Scheduler": use_scheduler,
     "Timeout": use_timeout,
