@@ -18,6 +18,7 @@ Timeout never turns an anyio cancellation into ``TimeoutError``.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -255,6 +256,11 @@ def test_anyio_scope_inside_fires_first(native: NativeTimers) -> None:
         assert d["scheduled"] >= 1 and d["cancelled"] >= 1, d
 
 
+def uvloop_types() -> tuple[type, ...]:
+    uvloop = sys.modules.get("uvloop")
+    return (uvloop.Loop,) if uvloop is not None else ()
+
+
 def test_timeout_wall_clock_matches_the_loop_clock(native: NativeTimers) -> None:
     """anyio's current_time() is the loop's time(), the core's clock: a
     deadline set in it fires, through the core, once ``time.monotonic()``
@@ -269,7 +275,12 @@ def test_timeout_wall_clock_matches_the_loop_clock(native: NativeTimers) -> None
         return a, b, c, scope.deadline, time.monotonic()
 
     a, b, c, deadline, fired = run(native, main)
-    assert a <= b <= c
-    assert deadline <= fired < deadline + SLACK, (deadline, fired)
+    if bucketimer.backend == "python" and isinstance(native.loops[-1], uvloop_types()):
+        # There UVEventLoop is stock uvloop, clock and timers: libuv's
+        # millisecond clock (docs/guarantees.rst, "On the pure-Python backend").
+        assert b - 0.002 <= c and deadline - 0.002 <= fired < deadline + SLACK, (deadline, fired)
+    else:
+        assert a <= b <= c
+        assert deadline <= fired < deadline + SLACK, (deadline, fired)
     # The deadline fired through the core; the one-hour sleep was disarmed.
     native.assert_native(min_scheduled=2, min_cancelled=1, min_ran=1)
