@@ -742,7 +742,7 @@ def test_figure_one_colour_per_column_and_legends_off_the_data():
         for line in ax.lines:
             if line.get_label() in COLORS:
                 seen.setdefault(line.get_label(), set()).add(to_hex(line.get_color()))
-    assert set(seen) == {r["contender"] for r in _records(RECORDED)
+    assert set(seen) == {r["contender"] for r in _recorded_dicts(RECORDED)
                          if r["group"] != "grpc"}
     for label, colors in seen.items():
         assert colors == {COLORS[label]}, label
@@ -755,7 +755,7 @@ def test_figure_one_colour_per_column_and_legends_off_the_data():
     assert set(t.get_text() for t in legend.get_texts()) == set(seen)
 
 
-def _records(path):
+def _recorded_dicts(path):
     """A JSON file's records as dicts, whether or not pandas is installed
     (``bench.load`` gives a DataFrame with it, ``Records`` without)."""
     recs = bench.load(path)
@@ -767,7 +767,7 @@ def _records(path):
 def test_service_panels_draw_what_their_titles_say(path):
     """A bar per contender at each number of connections, of the one row the
     title names."""
-    recs = _records(path)
+    recs = _recorded_dicts(path)
     names = {r["contender"] for r in recs if r["group"] == "service"}
     sizes = sorted({int(r["conns"]) for r in recs if r["group"] == "service"})
     for panel, key, words in (("service", "rps", "requests/s"),
