@@ -9,6 +9,7 @@ import asyncio
 import logging
 import math
 import numbers
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,13 +24,17 @@ def report_to_loop(loop: asyncio.AbstractEventLoop, handle: Any, exc: BaseExcept
     )
 
 
-def describe_callback(func: object, args: Iterable[Any]) -> str:
+def describe_callback(func: object, args: Iterable[Any], *, debug: bool = False) -> str:
     """asyncio's text for a callback (from a private helper it has had since
-    3.7; its signature differs between versions), else ``repr(func)``."""
+    3.7; its signature differs between versions), else ``repr(func)``.
+    From 3.14 asyncio shows the arguments only in debug mode (``debug``);
+    before, always."""
     try:
         from asyncio.format_helpers import _format_callback_source
     except ImportError:  # pragma: no cover
         return repr(func)
+    if debug and sys.version_info >= (3, 14):
+        return _format_callback_source(func, args, debug=True)  # type: ignore[call-arg, unused-ignore]
     return _format_callback_source(func, args)
 
 
@@ -67,7 +72,7 @@ def report_slow_callback(callback: object, args: tuple[Any, ...] | None, seconds
                          threshold: float) -> None:
     """A no-loop callback held the dispatcher thread ``seconds``: one WARNING
     once it returned (the other no-loop timers of its TimerThread waited)."""
-    what = describe_callback(callback, args or ())
+    what = describe_callback(callback, args or (), debug=True)
     logger.warning(
         "Executing timer callback %s took %.3f seconds on the bucketimer dispatcher thread; "
         "no-loop timers share that thread: run blocking work elsewhere (e.g. an executor)",
