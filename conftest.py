@@ -52,6 +52,9 @@ OPTIONAL = frozenset({
     "opentelemetry", "prometheus_client",
 })
 
+#: bucketimer's modules that import an extra's library
+_NEEDS = {"bucketimer.grpc": "grpc", "bucketimer.otel": "opentelemetry"}
+
 #: how long one program may run
 TIMEOUT = 120
 
@@ -85,6 +88,8 @@ def _needs(source: str) -> list[str]:
             names.update(alias.name.partition(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.partition(".")[0])
+    # bucketimer's own modules that need an extra's library
+    names.update(lib for module, lib in _NEEDS.items() if module in source)
     missing = []
     for name in sorted(names & OPTIONAL):
         spec = importlib.util.find_spec(name)

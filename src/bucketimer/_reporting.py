@@ -9,7 +9,6 @@ import asyncio
 import logging
 import math
 import numbers
-import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,14 +26,17 @@ def report_to_loop(loop: asyncio.AbstractEventLoop, handle: Any, exc: BaseExcept
 def describe_callback(func: object, args: Iterable[Any], *, debug: bool = False) -> str:
     """asyncio's text for a callback (from a private helper it has had since
     3.7; its signature differs between versions), else ``repr(func)``.
-    From 3.14 asyncio shows the arguments only in debug mode (``debug``);
+    From 3.13 asyncio shows the arguments only in debug mode (``debug``);
     before, always."""
     try:
         from asyncio.format_helpers import _format_callback_source
     except ImportError:  # pragma: no cover
         return repr(func)
-    if debug and sys.version_info >= (3, 14):
-        return _format_callback_source(func, args, debug=True)  # type: ignore[call-arg, unused-ignore]
+    if debug:
+        try:
+            return _format_callback_source(func, args, debug=True)  # type: ignore[call-arg, unused-ignore]
+        except TypeError:  # before it took ``debug``: the arguments always shown
+            pass
     return _format_callback_source(func, args)
 
 
