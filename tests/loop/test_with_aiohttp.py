@@ -97,7 +97,7 @@ def test_handler_outliving_the_total_timeout(native: NativeTimers) -> None:
 
     exc_type, elapsed = native.run(main())
     assert issubclass(exc_type, TimeoutError)
-    assert total <= elapsed < total + SLACK, elapsed
+    native.assert_on_time(total, elapsed)
     assert outcome == ["cancelled"]
     # The client's total timer fired through the core (the handler's
     # one-hour sleep, cancelled with the handler, is the test's).
@@ -138,7 +138,7 @@ def test_body_stalling_longer_than_sock_read(native: NativeTimers) -> None:
 
     first, elapsed = native.run(main())
     assert first == b"x" * 10
-    assert sock_read <= elapsed < sock_read + SLACK, elapsed
+    native.assert_on_time(sock_read, elapsed)
     # The server's clean-up cancelled the stalled handler.
     assert outcome == ["cancelled"]
     # The sock_read timer fired; the total timer was armed and disarmed

@@ -4,18 +4,26 @@
 the running Python, their timers the loop's, with one addition: a deadline
 already reached first hands the loop the default TimerThread's timers due
 for it, so they run before the expiry, as on the native backend
-(docs/design.rst, "Order on the loop").  :func:`wait_for` is asyncio's (it
-only arms deadlines still ahead).
+(docs/design.rst, "Order on the loop"); and a NaN deadline expires on the
+next turn, as asyncio's heap runs it up to 3.12 (from 3.13 asyncio's loop
+passes it to ``select()``, which raises).  :func:`wait_for` is asyncio's up
+to 3.11; from 3.12 it is asyncio's coroutine around this :func:`timeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from asyncio import events, timeouts, wait_for
+import math
+import sys
+from asyncio import events, timeouts
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from ._default import deliver_due
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
+
+_T = TypeVar("_T")
 
 # (private in typeshed, which also marks Timeout final; at run time a class)
 _ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
@@ -27,6 +35,11 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
 
     def reschedule(self, when: float | None) -> None:
         if when is not None and self._state is _ENTERED:  # type: ignore[attr-defined]
+            if isinstance(when, float) and math.isnan(when):  # due at once
+                _deliver_if_reached(-math.inf)
+                super().reschedule(-math.inf)
+                self._when = when
+                return
             _deliver_if_reached(when)
         super().reschedule(when)
 
@@ -54,6 +67,23 @@ def timeout_at(when: float | None) -> Timeout:
     return Timeout(when)
 
 
+_timeout = timeout  # (wait_for's argument shadows the name)
+
+if sys.version_info >= (3, 12):
+
+    async def wait_for(fut: Awaitable[_T], timeout: float | None) -> _T:
+        """``asyncio.wait_for`` as of 3.12, its timer this module's
+        :func:`timeout` (``timeout <= 0`` is asyncio's own path)."""
+        if timeout is not None and timeout <= 0:
+            return await asyncio.wait_for(fut, timeout)
+        async with _timeout(timeout):
+            return await fut
+
+else:
+    wait_for = asyncio.wait_for
+
+
 # asyncio's own names, for what reads them (repr, docs)
 timeout.__doc__ = asyncio.timeout.__doc__
 timeout_at.__doc__ = asyncio.timeout_at.__doc__
+wait_for.__doc__ = asyncio.wait_for.__doc__
