@@ -7,7 +7,10 @@ that looks the name up at call time (``asyncio.timeout(...)``,
 ``asyncio.wait_for(...)``, asyncio's ``staggered`` and
 ``shutdown_default_executor``) arms its timer in the native core.  The
 helpers follow the running Python's asyncio (docs/asyncio.rst), so nothing
-but the timer changes.
+but the timer changes.  On the pure-Python backend the helpers patched in
+are that backend's (asyncio's own, with the order of due timers and the NaN
+deadline of the native ones), so a patched program behaves the same on
+either backend.
 
 ``asyncio.Timeout`` (the class) is left alone: code that subclasses it, or
 builds one with ``asyncio.Timeout(when)``, keeps asyncio's Python class and
@@ -24,7 +27,7 @@ from asyncio import tasks, timeouts
 from types import ModuleType
 from typing import Any
 
-from ._backend import NATIVE, aio
+from ._backend import aio
 
 __all__ = ("patch_asyncio", "unpatch_asyncio")
 
@@ -47,13 +50,6 @@ _lock = threading.Lock()
 _originals: dict[tuple[ModuleType, str], Any] | None = None
 
 
-def _native_in_use() -> bool:
-    """Whether bucketimer's helpers are its native ones.  On the pure-Python
-    backend (``bucketimer.backend == "python"``) they are asyncio's own
-    objects, and there is nothing to patch."""
-    return NATIVE
-
-
 def patch_asyncio() -> bool:
     """Make ``asyncio.timeout``, ``asyncio.timeout_at`` and
     ``asyncio.wait_for`` bucketimer's (:mod:`bucketimer.aio`), in the
@@ -62,12 +58,10 @@ def patch_asyncio() -> bool:
     Call it first, before importing the libraries whose timeouts it should
     reach: a name bound by ``from asyncio import wait_for`` before the call
     keeps asyncio's object.  Idempotent and safe from any thread; process-wide
-    until :func:`unpatch_asyncio`.  A no-op on the pure-Python backend.
-    Returns whether asyncio's helpers are bucketimer's after the call.
+    until :func:`unpatch_asyncio`.  Returns whether asyncio's helpers are
+    bucketimer's after the call (always, since both backends patch).
     """
     global _originals
-    if not _native_in_use():
-        return False
     with _lock:
         if _originals is None:
             _originals = {(module, name): getattr(module, name) for module, name in _TARGETS}

@@ -23,8 +23,8 @@ from _helpers import check_ok, run_python
 import bucketimer
 from bucketimer import _patch, aio
 
-# What the patch installs is the native helpers: on the pure backend only the
-# no-op test below applies (it runs in a child process that selects it).
+# What the patch installs is the native helpers; the pure backend's patch has
+# its own test below (in a child process that selects that backend).
 pytestmark = pytest.mark.native
 
 HERE = Path(__file__).resolve().parent
@@ -159,34 +159,40 @@ def test_threads_racing_patch_and_unpatch(rounds: int):
     assert _patch._originals == ASYNCIO_OWN
 
 
-def test_a_no_op_on_the_pure_python_backend():
-    """Where asyncio's objects are the implementation there is nothing to
-    patch: asyncio keeps its own helpers, and run(patch_asyncio=True) runs."""
+def test_the_pure_backend_patches_its_own_helpers():
+    """On the pure-Python backend the patch installs that backend's helpers
+    (asyncio's, with the native ones' order and NaN deadline), so a patched
+    program behaves as on the native backend; unpatch puts asyncio's back."""
     out = check_ok(run_python(
         """
-        import asyncio
+        import asyncio, math
         from asyncio import tasks, timeouts
 
         import bucketimer
+        from bucketimer import aio
 
         targets = [(asyncio, "timeout"), (asyncio, "timeout_at"), (asyncio, "wait_for"),
                    (timeouts, "timeout"), (timeouts, "timeout_at"), (tasks, "wait_for")]
         own = [getattr(m, n) for m, n in targets]
         assert bucketimer.backend == "python", bucketimer.backend
-        assert bucketimer.patch_asyncio() is False
-        assert [getattr(m, n) for m, n in targets] == own
+        assert bucketimer.patch_asyncio() is True
+        assert all(getattr(m, n) is getattr(aio, n) for m, n in targets)
 
         async def main():
             async with asyncio.timeout(5):
-                return await asyncio.wait_for(asyncio.sleep(0, "ran"), 5)
+                ran = await asyncio.wait_for(asyncio.sleep(0, "ran"), 5)
+            try:  # from 3.13 asyncio's own loop raises ValueError out of select()
+                await asyncio.wait_for(asyncio.sleep(5), math.nan)
+            except TimeoutError:
+                return ran, "nan expired"
 
-        print(bucketimer.run(main(), patch_asyncio=True))
-        assert [getattr(m, n) for m, n in targets] == own
+        print(*bucketimer.run(main(), patch_asyncio=True))
         bucketimer.unpatch_asyncio()
+        assert [getattr(m, n) for m, n in targets] == own
         """,
         env={"BUCKETIMER_NO_EXTENSIONS": "1"},
     ))
-    assert out.split() == ["ran"]
+    assert out.split() == ["ran", "nan", "expired"]
 
 
 # ---- what callers get ---------------------------------------------------------------

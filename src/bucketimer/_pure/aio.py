@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
-from asyncio import events, timeouts
+from asyncio import events, tasks, timeouts
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -24,6 +24,9 @@ from ._default import deliver_due
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
 
 _T = TypeVar("_T")
+
+# asyncio's own, before patch_asyncio() can make asyncio.wait_for this module's
+_asyncio_wait_for = tasks.wait_for
 
 # (private in typeshed, which also marks Timeout final; at run time a class)
 _ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
@@ -75,15 +78,15 @@ if sys.version_info >= (3, 12):
         """``asyncio.wait_for`` as of 3.12, its timer this module's
         :func:`timeout` (``timeout <= 0`` is asyncio's own path)."""
         if timeout is not None and timeout <= 0:
-            return await asyncio.wait_for(fut, timeout)
+            return await _asyncio_wait_for(fut, timeout)
         async with _timeout(timeout):
             return await fut
 
 else:
-    wait_for = asyncio.wait_for
+    wait_for = _asyncio_wait_for
 
 
 # asyncio's own names, for what reads them (repr, docs)
 timeout.__doc__ = asyncio.timeout.__doc__
 timeout_at.__doc__ = asyncio.timeout_at.__doc__
-wait_for.__doc__ = asyncio.wait_for.__doc__
+wait_for.__doc__ = _asyncio_wait_for.__doc__
