@@ -16,6 +16,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
+from heapq import heappush
 from time import monotonic_ns
 from typing import Any
 
@@ -30,6 +31,11 @@ _SWEEP_MIN = 64
 
 # ``reaped``: cancelled timers let go of (popped from the heap, swept, or
 # passed over in a batch); at rest it equals ``cancelled``.
+# _sleeping_until while the thread is not waiting (it reads the heap before
+# it waits again), and while it waits with no timer to wait for.
+_AWAKE = -1
+_IDLE = 2**64
+
 _COUNTERS = ("scheduled", "cancelled", "fired", "posted", "ran", "dropped", "wakeups",
              "passes", "eventfd_writes", "drains", "sweeps", "reaped", "early_fires")
 
@@ -49,6 +55,10 @@ class Scheduler:
         self._dead = 0  # heap entries no longer PENDING (cancelled, or dropped with their loop)
         self._closed = False
         self._held = False  # TimerThread._test_hold
+        # The deadline the timer thread sleeps until (its heap's top, maybe a
+        # cancelled timer's; _AWAKE while it is not waiting): only a timer
+        # due before it needs a wake (the core's rule 4, docs/design.rst).
+        self._sleeping_until = _AWAKE
         self._loops: dict[asyncio.AbstractEventLoop, LoopOutbox] = {}
         self._dispatcher = DispatcherOutbox(self)
         self._inflight: dict[int, Batch] = {}  # posted batches not yet started
@@ -75,42 +85,55 @@ class Scheduler:
         with self._lock:
             if self._closed:
                 raise RuntimeError("TimerThread is closed")
-            outbox = self._dispatcher if loop is None else self._outbox_for(loop)
-            handle = Handle(self, next(self._ids), when, deadline_ns, callback, args, context,
-                            outbox)
-            heapq.heappush(self._heap, (deadline_ns, handle._id, handle))
+            outbox: Outbox
+            if loop is None:
+                outbox = self._dispatcher
+            else:
+                outbox = self._loops.get(loop) or self._new_outbox(loop)
+            timer_id = next(self._ids)
+            handle = Handle(self, timer_id, when, deadline_ns, callback, args, context, outbox)
+            heap = self._heap
+            heappush(heap, (deadline_ns, timer_id, handle))
             self._counts["scheduled"] += 1
-            if self._heap[0][2] is handle:
+            if deadline_ns < self._sleeping_until:
+                self._sleeping_until = _AWAKE  # one notify per wake is enough
                 self._wake.notify()
         return handle
 
-    def _outbox_for(self, loop: asyncio.AbstractEventLoop) -> Outbox:
-        outbox = self._loops.get(loop)
-        if outbox is None:
-            outbox = self._loops[loop] = LoopOutbox(self, loop)
-            _watch_close(loop, weakref.ref(self))
+    def _new_outbox(self, loop: asyncio.AbstractEventLoop) -> Outbox:
+        outbox = self._loops[loop] = LoopOutbox(self, loop)
+        _watch_close(loop, weakref.ref(self))
         return outbox
 
     def cancel(self, handle: Handle) -> bool:
         with self._lock:
             state = handle._state
-            if state not in (PENDING, POSTED):
+            if state != PENDING and state != POSTED:
                 return False
             handle._state = CANCELLED
             self._counts["cancelled"] += 1
             if state == PENDING:
                 self._dead += 1
-                self._sweep_if_mostly_dead()
-        handle._release()
+                if self._dead > _SWEEP_MIN:
+                    self._sweep_if_mostly_dead()
+        handle._callback = handle._args = None  # (Handle._release)
         return True
 
     def _sweep_if_mostly_dead(self) -> None:
-        if self._dead > _SWEEP_MIN and self._dead * 2 > len(self._heap):
-            for entry in self._heap:
-                if entry[2]._state != PENDING:
-                    self._discard(entry[2])
-            self._heap = [entry for entry in self._heap if entry[2]._state == PENDING]
-            heapq.heapify(self._heap)
+        heap = self._heap
+        if self._dead > _SWEEP_MIN and self._dead * 2 > len(heap):
+            live = []
+            reaped = 0
+            for entry in heap:
+                state = entry[2]._state
+                if state == PENDING:
+                    live.append(entry)
+                elif state == CANCELLED:
+                    reaped += 1
+            self._dead -= len(heap) - len(live)  # (what _discard does, for each)
+            self._counts["reaped"] += reaped
+            heapq.heapify(live)
+            self._heap = live
             self._counts["sweeps"] += 1
 
     def _discard(self, handle: Handle) -> None:
@@ -168,9 +191,14 @@ class Scheduler:
             now = monotonic_ns()
             if heap and heap[0][0] <= now and not self._held:
                 return self._take_due(now)
-            timeout = None if not heap or self._held else min(
-                (heap[0][0] - now) / 1e9, threading.TIMEOUT_MAX)
+            if not heap or self._held:
+                timeout = None
+                self._sleeping_until = _IDLE
+            else:
+                timeout = min((heap[0][0] - now) / 1e9, threading.TIMEOUT_MAX)
+                self._sleeping_until = heap[0][0]
             self._wake.wait(timeout)
+            self._sleeping_until = _AWAKE
             self._counts["wakeups"] += 1
         return None
 

@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import math
 import time
+from asyncio.events import _get_running_loop
 from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
 
@@ -14,6 +15,10 @@ from .._stats import Stats
 from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
 from ._handle import Handle
 from ._scheduler import Scheduler
+
+monotonic_ns = time.monotonic_ns
+ceil = math.ceil
+copy_context = contextvars.copy_context
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -70,9 +75,15 @@ class TimerThread:
                    *args: *_Ts, loop: asyncio.AbstractEventLoop | None = None,
                    context: contextvars.Context | None = None) -> Handle:
         """Run ``callback(*args)`` ``delay`` seconds from now."""
-        self._check_open()
+        if self._sched._closed:
+            raise RuntimeError("TimerThread is closed")
+        # (the common case, a float or int in range, skips to_seconds; NaN
+        # and everything else goes through it, for its errors)
+        if (type(delay) is float or type(delay) is int) and (
+                -SECONDS_RANGE <= delay <= SECONDS_RANGE):
+            return self._schedule(monotonic_ns() / 1e9 + delay, callback, args, loop, context)
         seconds = to_seconds(delay, "delay")
-        when = math.inf if seconds > SECONDS_RANGE else time.monotonic_ns() / 1e9 + seconds
+        when = math.inf if seconds > SECONDS_RANGE else monotonic_ns() / 1e9 + seconds
         return self._schedule(when, callback, args, loop, context)
 
     def call_at(self, when: float, callback: Callable[[Unpack[_Ts]], object], /,
@@ -88,11 +99,19 @@ class TimerThread:
     def _schedule(self, seconds: float, callback: Callable[..., object], args: tuple[Any, ...],
                   loop: asyncio.AbstractEventLoop | None, context: Any,
                   when: float | None = None) -> Handle:
-        context = check_callback(callback, context)
-        loop = asyncio.events._get_running_loop() if loop is None else check_loop(loop)
+        if context is not None or not callable(callback):
+            check_callback(callback, context)
+        if loop is None:
+            loop = _get_running_loop()
+        else:
+            check_loop(loop)
         if context is None:  # the caller's, as asyncio's call_later takes it
-            context = contextvars.copy_context()
-        return self._sched.schedule(deadline_ns(seconds), seconds if when is None else when,
+            context = copy_context()
+        # deadline_ns(seconds), its usual case inline
+        ns = ceil(seconds * 1e9) if 0.0 < seconds < SECONDS_RANGE else -1
+        if ns < 0 or ns / 1e9 < seconds:
+            ns = deadline_ns(seconds)
+        return self._sched.schedule(ns, seconds if when is None else when,
                                     callback, args, context, loop)
 
     def _check_open(self) -> None:

@@ -19,6 +19,7 @@ from asyncio import events, tasks, timeouts
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from . import _default as _default_module
 from ._default import deliver_due
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
@@ -30,21 +31,23 @@ _asyncio_wait_for = tasks.wait_for
 
 # (private in typeshed, which also marks Timeout final; at run time a class)
 _ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
+_asyncio_reschedule = timeouts.Timeout.reschedule
 
 
 class Timeout(timeouts.Timeout):  # type: ignore[misc]
     """``asyncio.Timeout``; a deadline already reached comes after the
-    TimerThread's timers due by then."""
+    TimerThread's timers due by then, and a NaN one expires at once."""
 
     def reschedule(self, when: float | None) -> None:
         if when is not None and self._state is _ENTERED:  # type: ignore[attr-defined]
-            if isinstance(when, float) and math.isnan(when):  # due at once
+            if type(when) is float and when != when:  # NaN: due at once
                 _deliver_if_reached(-math.inf)
-                super().reschedule(-math.inf)
+                _asyncio_reschedule(self, -math.inf)
                 self._when = when
                 return
-            _deliver_if_reached(when)
-        super().reschedule(when)
+            if _default_module._default is not None:  # else no timer to put first
+                _deliver_if_reached(when)
+        _asyncio_reschedule(self, when)
 
 
 def _deliver_if_reached(when: float) -> None:

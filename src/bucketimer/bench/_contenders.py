@@ -7,7 +7,8 @@
 ``pure Python``
     bucketimer's pure-Python backend (``bucketimer.backend == "python"``, what
     a system with no native wheel runs) on the stock loop: its
-    ``TimerThread`` timers; its ``timeout()``/``wait_for()`` are asyncio's.
+    ``TimerThread`` timers; its ``timeout()``/``wait_for()`` (asyncio's, with
+    the native helpers' order of due timers and NaN deadline).
     A column of the ``pairs`` and ``timeout`` groups, so that what the
     native core gives is seen beside what pip gives elsewhere.
 ``asyncio`` / ``uvloop`` / ``drop-in`` / ``drop-in uvloop``

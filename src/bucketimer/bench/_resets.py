@@ -129,14 +129,15 @@ class Target:
     def tombstones(self) -> int | None:
         """Cancelled entries left so far: in a TimerThread, those still
         there (``dead``) plus those its thread already removed (``reaped``),
-        so that a sweep running meanwhile does not hide any; in a stock
+        so that a sweep running meanwhile does not hide any; and in a stock
         loop, the length of its heap (cancelled handles stay in it until a
-        loop iteration removes them)."""
-        if self.tt is not None:
-            st = self.tt.stats()
-            return int(st["dead"]) + int(st["reaped"])
+        loop iteration removes them), where the pure backend's timeouts
+        leave theirs."""
         scheduled = getattr(self.loop, "_scheduled", None)  # the stock loop's heap
-        return len(scheduled) if scheduled is not None else None
+        if self.tt is None:
+            return len(scheduled) if scheduled is not None else None
+        st = self.tt.stats()
+        return int(st["dead"]) + int(st["reaped"]) + len(scheduled or ())
 
     def run(self, coro: Awaitable[Any]) -> Any:
         return self.loop.run_until_complete(coro)

@@ -1,8 +1,9 @@
 """The ``timeout`` group: what ``async with timeout(30): pass`` and ``await
 wait_for(coro(), 30)`` of a coroutine that returns at once cost, for
-bucketimer's helpers on the stock loop and asyncio's on every loop (the
-pure backend's column: asyncio's, which are its helpers; docs/performance.rst,
-"What the rows measure")."""
+bucketimer's helpers on the stock loop, the pure backend's helpers (asyncio's,
+with the order of due timers and the NaN deadline of the native ones) in its
+column, and asyncio's on every other loop (docs/performance.rst, "What the
+rows measure")."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 import bucketimer
+from bucketimer._pure import aio as pure_aio
 
-from ._contenders import BUCKETIMER, with_pure
+from ._contenders import BUCKETIMER, PURE, with_pure
 from ._pairs import PAIR_DELAY
 from ._records import make_record
 from ._suite import taking_turns
@@ -51,12 +53,12 @@ async def wait_for_round(wait_for: WaitForFn, n: int) -> float:
     return sw.ns / n
 
 
-# (workload, label, bucketimer's helper, asyncio's, the timed loop)
-ROWS: tuple[tuple[str, str, Any, Any, Callable[[Any, int], Awaitable[float]]], ...] = (
-    ("timeout", "async with timeout(30): pass", bucketimer.timeout, asyncio.timeout,
-     timeout_round),
-    ("wait_for", "await wait_for(coro(), 30)", bucketimer.wait_for, asyncio.wait_for,
-     wait_for_round),
+# (workload, label, bucketimer's helper, the pure backend's, asyncio's, the timed loop)
+ROWS: tuple[tuple[str, str, Any, Any, Any, Callable[[Any, int], Awaitable[float]]], ...] = (
+    ("timeout", "async with timeout(30): pass", bucketimer.timeout, pure_aio.timeout,
+     asyncio.timeout, timeout_round),
+    ("wait_for", "await wait_for(coro(), 30)", bucketimer.wait_for, pure_aio.wait_for,
+     asyncio.wait_for, wait_for_round),
 )
 
 
@@ -71,8 +73,9 @@ def run(runner: Runner) -> None:
     s = runner.suite
     loops = {name: factory() for name, factory in with_pure(runner.loops, runner.want).items()}
     try:
-        for workload, label, ours, reference, round_fn in ROWS:
-            fns = {name: ours if name == BUCKETIMER else reference for name in loops}
+        for workload, label, ours, pure, reference, round_fn in ROWS:
+            fns = {name: ours if name == BUCKETIMER else pure if name == PURE else reference
+                   for name in loops}
             for name, fn in fns.items():  # warm-up
                 loops[name].run_until_complete(round_fn(fn, min(s.timeouts, 500)))
             samples: dict[str, list[float]] = {name: [] for name in fns}
