@@ -84,6 +84,43 @@ def test_close_drops_a_timer_already_posted_but_not_run(wait_until):
     assert hv.cancel() is False
 
 
+UNRUN_CASES = {
+    # what ends the timer: which counter takes it (docs/design.rst, "Counters")
+    "close(), pending": "cancelled",
+    "the loop's close, pending": "cancelled",
+    "the loop's close, handed to it": "dropped",
+    "close(), handed to the loop": "cancelled",
+}
+
+
+@pytest.mark.parametrize("case", UNRUN_CASES)
+def test_a_timer_ended_unrun_is_counted_alike_on_both_backends(case, wait_until):
+    """Each way a timer can end without running is counted once, in the same
+    counter on the native and the pure backend; the handle says neither
+    cancelled nor cancellable afterwards."""
+    tt = bucketimer.TimerThread()
+    loop = asyncio.new_event_loop()
+    try:
+        if case == "close(), pending":
+            h = tt.call_later(10, print)
+            tt.close()
+        elif case == "the loop's close, pending":
+            h = tt.call_later(10, print, loop=loop)
+            loop.close()
+        else:
+            h = tt.call_later(0, print, loop=loop)
+            assert wait_until(posted_at_least(tt, 1), 10)
+            loop.close() if case == "the loop's close, handed to it" else tt.close()
+        assert wait_until(lambda: tt.stats()[UNRUN_CASES[case]] == 1, 5), tt.stats()
+        s = tt.stats()
+        assert (s["scheduled"], s["ran"], s["cancelled"] + s["dropped"]) == (1, 0, 1), s
+        assert not h.cancelled()
+        assert h.cancel() is False
+    finally:
+        loop.close()
+        tt.close()
+
+
 def test_close_from_inside_a_dispatcher_callback():
     tt = bucketimer.TimerThread()
     done = threading.Event()

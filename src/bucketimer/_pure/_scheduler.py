@@ -244,7 +244,7 @@ class Scheduler:
                     self._counts["reaped"] += 1
                 return False
             if self._closed:
-                self._drop_one(handle)
+                self._drop_one(handle, "cancelled")
                 return False
             handle._state = RUNNING
             self._counts["ran"] += 1
@@ -267,9 +267,13 @@ class Scheduler:
             if handle._state == DROPPED:
                 handle._release()
 
-    def _drop_one(self, handle: Handle) -> None:
+    def _drop_one(self, handle: Handle, counter: str = "dropped") -> None:
+        """Ends a timer unrun.  Counted as the core counts it (docs/design.rst,
+        "Counters"): ``dropped`` when its loop closed after it was handed
+        over, ``cancelled`` when its loop closed before it was due or its
+        TimerThread closed."""
         handle._state = DROPPED
-        self._counts["dropped"] += 1
+        self._counts[counter] += 1
 
     def loop_closed(self, loop: asyncio.AbstractEventLoop) -> None:
         """A loop is closing: every timer of it not yet running is dropped,
@@ -283,7 +287,7 @@ class Scheduler:
             batches = [b for b in self._inflight.values() if b and b[0]._outbox is outbox]
             pending = [e[2] for e in self._heap if e[2]._outbox is outbox and e[2]._state == PENDING]
             for handle in pending:
-                self._drop_one(handle)
+                self._drop_one(handle, "cancelled")
             self._dead += len(pending)
         for handle in pending:
             handle._release()
@@ -302,7 +306,7 @@ class Scheduler:
             dropped = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
             dropped += [h for b in self._inflight.values() for h in b if h._state == POSTED]
             for handle in dropped:
-                self._drop_one(handle)
+                self._drop_one(handle, "cancelled")
             for entry in self._heap:
                 if entry[2]._state != PENDING:
                     self._discard(entry[2])
