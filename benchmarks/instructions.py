@@ -7,6 +7,7 @@ machine does.  They are not time -- a cache miss costs more than an add --
 but their ratios tell whether a change made an operation do less work.
 
     python benchmarks/instructions.py            # needs valgrind on PATH
+    python benchmarks/instructions.py --pure     # the pure-Python backend's
 
 Each operation runs N and 2N times in a fresh interpreter under
 ``valgrind --tool=callgrind``; the difference over N is its cost, start-up and
@@ -40,6 +41,13 @@ async def main():
         await timeout_round(bucketimer.timeout if ours else asyncio.timeout, n)
     elif op.startswith("wait_for"):
         await wait_for_round(bucketimer.wait_for if ours else asyncio.wait_for, n)
+    elif op.startswith("reschedule"):
+        loop = asyncio.get_running_loop()
+        async with (bucketimer.timeout if ours else asyncio.timeout)(30) as cm:
+            for _ in range(n):
+                cm.reschedule(loop.time() + 30)
+    elif op == "pair/timer-thread":
+        sync_pairs(bucketimer.default_timer_thread().call_later, n)
     else:
         sync_pairs(asyncio.get_running_loop().call_later, n)
 factory = bucketimer.new_event_loop if op == "pair/drop-in" else asyncio.SelectorEventLoop
@@ -53,6 +61,15 @@ OPS = [
     ("async with timeout(None): pass", "timeout_none/asyncio", "timeout_none/bucketimer"),
     ("await wait_for(coro(), 30)", "wait_for/asyncio", "wait_for/bucketimer"),
 ]
+# The pure-Python backend (BUCKETIMER_NO_EXTENSIONS=1): its TimerThread's
+# pair against the loop's, and its helpers (asyncio's, with the native ones'
+# order of due timers and NaN deadline) against asyncio's.
+OPS_PURE = [
+    ("tt.call_later(30, cb).cancel()", "pair/asyncio", "pair/timer-thread"),
+    ("async with timeout(30): pass", "timeout/asyncio", "timeout/bucketimer"),
+    ("cm.reschedule(loop.time() + 30)", "reschedule/asyncio", "reschedule/bucketimer"),
+    ("await wait_for(coro(), 30)", "wait_for/asyncio", "wait_for/bucketimer"),
+]
 
 
 def instructions(script: str, op: str, n: int) -> int:
@@ -62,7 +79,7 @@ def instructions(script: str, op: str, n: int) -> int:
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out.name}",
                         sys.executable, script, op, str(n)],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       env={**os.environ, "PYTHONHASHSEED": "0"})
+                       env={**os.environ, "PYTHONHASHSEED": "0", **EXTRA_ENV})
         with open(out.name) as f:
             for line in f:
                 if line.startswith("summary:"):
@@ -74,7 +91,13 @@ def per_op(script: str, op: str) -> float:
     return (instructions(script, op, 2 * N) - instructions(script, op, N)) / N
 
 
+EXTRA_ENV: dict[str, str] = {}
+
+
 def main() -> int:
+    pure = "--pure" in sys.argv[1:]
+    if pure:
+        EXTRA_ENV["BUCKETIMER_NO_EXTENSIONS"] = "1"
     if shutil.which("valgrind") is None:
         print("valgrind is not on PATH (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
@@ -83,11 +106,13 @@ def main() -> int:
         with open(script, "w") as f:
             f.write(SNIPPET)
         print(f"instructions per operation, Python {sys.version.split()[0]} "
+              f"{'(pure-Python backend) ' if pure else ''}"
               f"(valgrind callgrind, {N} vs {2 * N} runs)")
         print(f"{'operation':36} {'asyncio':>10} {'bucketimer':>11} {'ratio':>7}")
-        for label, ref, ours in OPS:
+        prec = 2 if pure else 1  # (the pure backend's ratios are near 1)
+        for label, ref, ours in OPS_PURE if pure else OPS:
             a, b = per_op(script, ref), per_op(script, ours)
-            print(f"{label:36} {a:10,.0f} {b:11,.0f} {a / b:6.1f}x")
+            print(f"{label:36} {a:10,.0f} {b:11,.0f} {a / b:6.{prec}f}x", flush=True)
     return 0
 
 
