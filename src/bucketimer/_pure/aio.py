@@ -17,7 +17,7 @@ import math
 import sys
 from asyncio import events, tasks, timeouts
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from . import _default as _default_module
 from ._default import deliver_due
@@ -34,6 +34,13 @@ _ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
 _asyncio_reschedule = timeouts.Timeout.reschedule
 
 
+# asyncio's Timeout queues a reached deadline's expiry with
+# call_soon(self._on_timeout) into self._timeout_handler (3.11-3.15); where
+# that holds, a reschedule checks for due timers only when the expiry was
+# queued so, else it reads the loop's clock first.
+_HANDLER_KNOWN = callable(getattr(timeouts.Timeout, "_on_timeout", None))
+
+
 class Timeout(timeouts.Timeout):  # type: ignore[misc]
     """``asyncio.Timeout``; a deadline already reached comes after the
     TimerThread's timers due by then, and a NaN one expires at once."""
@@ -46,8 +53,24 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
                 self._when = when
                 return
             if _default_module._default is not None:  # else no timer to put first
-                _deliver_if_reached(when)
+                if not _HANDLER_KNOWN:
+                    _deliver_if_reached(when)
+                else:
+                    _asyncio_reschedule(self, when)
+                    me: Any = self  # (typeshed does not declare asyncio's private members)
+                    # call_soon's handle (reached) has no when(), any loop's call_at's has
+                    if not hasattr(me._timeout_handler, "when"):
+                        self._expire_after_due()
+                    return
         _asyncio_reschedule(self, when)
+
+    def _expire_after_due(self) -> None:
+        """The expiry just queued goes behind the timers due by now."""
+        me: Any = self  # (typeshed does not declare asyncio's private members)
+        loop = events.get_running_loop()
+        me._timeout_handler.cancel()
+        deliver_due(loop)
+        me._timeout_handler = loop.call_soon(me._on_timeout)
 
 
 def _deliver_if_reached(when: float) -> None:
