@@ -5,6 +5,8 @@ property over every interleaving of its threads; its header comment says
 what, with which bounds, and lists two kinds of lines this script reads:
 
     adapt FILE: OLD => NEW       applied to the model copy of csrc/ always
+    unwind N                     the loop bound, instead of 4
+    sc only                      no weak-memory run (the header says why)
     mutation NAME MODEL FILE: OLD => NEW
                                  applied to a copy for one extra run, which
                                  must FAIL (a counter-example) under MODEL:
@@ -12,7 +14,8 @@ what, with which bounds, and lists two kinds of lines this script reads:
                                  a weak memory model can show
 
 (OLD and NEW are one line each, ``\\n`` for a line break; OLD must occur
-exactly once in FILE.)  Every harness is checked under sequential
+exactly once in FILE; lines in the csrc/model/ headers a harness includes
+count as its own.)  Every harness is checked under sequential
 consistency and under CBMC's partial-store-order model (``cbmc --mm pso``:
 stores may overtake stores and loads; fences restore the order), and each
 mutation under the model it names.  The verdicts and times are printed as a
@@ -21,7 +24,8 @@ caught.
 
 Run in the Debian root where CBMC is installed: ``nox -s model`` does that.
 Arguments: harness names to run only those; ``quick`` for sequential
-consistency only (the harnesses and their ``sc`` mutations).
+consistency only (the harnesses and their ``sc`` mutations); ``verify`` for
+the harnesses without their mutations.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ MODEL = CSRC / "model"
 WEAK = "pso"
 # A bound for every loop: each retry of a CAS loop needs another thread's
 # step, and no harness has more than a few; --unwinding-assertions proves
-# the bound is enough rather than assuming it.
-CBMC = ["cbmc", "--no-standard-checks", "--unwind", "4", "--unwinding-assertions"]
+# the bound is enough rather than assuming it.  A harness whose loops need
+# fewer trips says so (``unwind N``): the run time grows fast with it.
+CBMC = ["cbmc", "--no-standard-checks", "--unwinding-assertions"]
+UNWIND = 4
 # What every model copy gets (each edit replaces every occurrence in FILE):
 # - a slot directory of 2 blocks instead of 65536, which CBMC would otherwise
 #   carry in every state of the core struct;
@@ -60,12 +66,16 @@ GLOBAL_ADAPT = [
 ]
 
 EDIT = re.compile(r"^ \* adapt (\S+): (.*) => (.*)$")
+BOUND = re.compile(r"^ \* unwind (\d+)$")
+SC_ONLY = " * sc only"
 MUTATION = re.compile(r"^ \* mutation (\S+) (sc|weak) (\S+): (.*) => (.*)$")
 
 
 @dataclass
 class Harness:
     name: str
+    unwind: int
+    weak: bool
     adapt: list[tuple[str, str, str]]
     mutations: list[tuple[str, str, str, str, str]]
 
@@ -74,15 +84,29 @@ def unescape(text: str) -> str:
     return text.replace("\\n", "\n")
 
 
+INCLUDE = re.compile(r'^#include "(\w+\.h)"$')
+
+
+def harness_lines(path: Path) -> list[str]:
+    """The harness's lines, and those of the csrc/model/ headers it includes."""
+    lines = path.read_text().splitlines()
+    headers = [MODEL / m[1] for line in lines if (m := INCLUDE.match(line))]
+    return [line for h in headers if h.exists() for line in h.read_text().splitlines()] + lines
+
+
 def read_harness(path: Path) -> Harness:
     adapt: list[tuple[str, str, str]] = []
     mutations: list[tuple[str, str, str, str, str]] = []
-    for line in path.read_text().splitlines():
-        if m := EDIT.match(line):
+    unwind = UNWIND
+    lines = harness_lines(path)
+    for line in lines:
+        if m := BOUND.match(line):
+            unwind = int(m[1])
+        elif m := EDIT.match(line):
             adapt.append((m[1], unescape(m[2]), unescape(m[3])))
         elif m := MUTATION.match(line):
             mutations.append((m[1], m[2], m[3], unescape(m[4]), unescape(m[5])))
-    return Harness(path.stem, adapt, mutations)
+    return Harness(path.stem, unwind, SC_ONLY not in lines, adapt, mutations)
 
 
 def apply(tree: Path, file: str, old: str, new: str, every: bool = False) -> None:
@@ -110,9 +134,9 @@ def build(h: Harness, work: Path, mutation: tuple[str, str, str] | None) -> Path
     return binary
 
 
-def check(binary: Path, model: str) -> tuple[str, float]:
+def check(binary: Path, model: str, unwind: int) -> tuple[str, float]:
     """'ok' (verified), 'FAILED' (a counter-example) or 'ERROR', and seconds."""
-    cmd = CBMC + ([] if model == "sc" else ["--mm", WEAK]) + [str(binary)]
+    cmd = CBMC + ["--unwind", str(unwind)] + ([] if model == "sc" else ["--mm", WEAK]) + [str(binary)]
     start = time.monotonic()
     run = subprocess.run(cmd, capture_output=True, text=True)
     took = time.monotonic() - start
@@ -126,12 +150,13 @@ def check(binary: Path, model: str) -> tuple[str, float]:
 
 def main(argv: list[str]) -> int:
     quick = "quick" in argv
-    names = [a for a in argv if a != "quick"]
+    verify = "verify" in argv
+    names = [a for a in argv if a not in ("quick", "verify")]
     paths = sorted(MODEL.glob("*.c"))
     if names:
         paths = [p for p in paths if p.stem in names]
     version = subprocess.run(["cbmc", "--version"], capture_output=True, text=True).stdout.strip()
-    weak = "sc" if quick else f"sc and --mm {WEAK}"
+    weak = "sc" if quick else f"sc, and --mm {WEAK} where a harness allows"
     print(f"model_check: CBMC {version}; {len(paths)} harnesses; models: {weak}", flush=True)
     rows: list[tuple[str, str, str, str, float]] = []
     bad = 0
@@ -140,16 +165,16 @@ def main(argv: list[str]) -> int:
         for path in paths:
             h = read_harness(path)
             binary = build(h, work, None)
-            for model in ["sc"] if quick else ["sc", "weak"]:
+            for model in ["sc", "weak"] if h.weak and not quick else ["sc"]:
                 print(f"-- {h.name}: {model}", flush=True)
-                verdict, took = check(binary, model)
+                verdict, took = check(binary, model, h.unwind)
                 bad += verdict != "ok"
                 rows.append((h.name, "-", model, verdict, took))
             for name, model, file, old, new in h.mutations:
-                if quick and model != "sc":
+                if verify or (quick and model != "sc"):
                     continue
                 print(f"-- {h.name}: mutation {name} ({model})", flush=True)
-                verdict, took = check(build(h, work, (file, old, new)), model)
+                verdict, took = check(build(h, work, (file, old, new)), model, h.unwind)
                 caught = verdict == "FAILED"
                 bad += not caught
                 rows.append((h.name, name, model, "caught" if caught else f"NOT caught ({verdict})",
@@ -158,7 +183,8 @@ def main(argv: list[str]) -> int:
     for name, mutation, model, verdict, took in rows:
         shown = WEAK if model == "weak" else model
         print(f"{name:<8} {mutation:<22} {shown:<6} {verdict:<22} {took:7.1f}")
-    print(f"model_check: {'FAILED' if bad else 'all verified, every mutation caught'}"
+    ok = "all verified" + (", mutations not run" if verify else ", every mutation caught")
+    print(f"model_check: {'FAILED' if bad else ok}"
           f" ({sum(r[4] for r in rows):.0f} s)")
     return 1 if bad else 0
 
