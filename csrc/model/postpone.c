@@ -17,7 +17,7 @@
  * postpone to LATER: 2 threads.  A CAS here fails only on the other
  * thread's write (MOVED, or POSTED), after which the next trip ends the
  * loop, so 2 trips are enough; --unwinding-assertions proves it (3 take
- * four times as long):
+ * three times as long):
  * unwind 2
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
