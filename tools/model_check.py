@@ -16,7 +16,7 @@ what, with which bounds, and lists two kinds of lines this script reads:
 (OLD and NEW are one line each, ``\\n`` for a line break; OLD must occur
 exactly once in FILE; lines in the csrc/model/ headers a harness includes
 count as its own.)  Every harness is checked under sequential
-consistency and under CBMC's partial-store-order model (``cbmc --mm pso``:
+consistency and, unless it says ``sc only``, under CBMC's partial-store-order model (``cbmc --mm pso``:
 stores may overtake stores and loads; fences restore the order), and each
 mutation under the model it names.  The verdicts and times are printed as a
 table; the exit status is 1 if a harness fails or a mutation is not
