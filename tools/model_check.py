@@ -14,8 +14,9 @@ what, with which bounds, and lists two kinds of lines this script reads:
                                  a weak memory model can show
 
 (OLD and NEW are one line each, ``\\n`` for a line break; OLD must occur
-exactly once in FILE; lines in the csrc/model/ headers a harness includes
-count as its own.)  Every harness is checked under sequential
+exactly once in FILE; mutation lines with one NAME make one mutation, applied
+together; lines in the csrc/model/ headers a harness includes count as its
+own.)  Every harness is checked under sequential
 consistency and, unless it says ``sc only``, under CBMC's partial-store-order model (``cbmc --mm pso``:
 stores may overtake stores and loads; fences restore the order), and each
 mutation under the model it names.  The verdicts and times are printed as a
@@ -118,7 +119,7 @@ def apply(tree: Path, file: str, old: str, new: str, every: bool = False) -> Non
     path.write_text(text.replace(old, new))
 
 
-def build(h: Harness, work: Path, mutation: tuple[str, str, str] | None) -> Path:
+def build(h: Harness, work: Path, mutation: list[tuple[str, str, str]]) -> Path:
     """A copy of csrc/ with the edits applied, and the harness compiled."""
     tree = work / "csrc"
     if tree.exists():
@@ -126,7 +127,7 @@ def build(h: Harness, work: Path, mutation: tuple[str, str, str] | None) -> Path
     shutil.copytree(CSRC, tree, ignore=shutil.ignore_patterns("bench", "tests"))
     for edit in GLOBAL_ADAPT:
         apply(tree, *edit, every=True)
-    for edit in h.adapt + ([mutation] if mutation else []):
+    for edit in h.adapt + mutation:
         apply(tree, *edit)
     binary = work / f"{h.name}.gb"
     subprocess.run(["goto-cc", "-I", "shim", "-I", "../include", "-I", "..", f"{h.name}.c",
@@ -164,17 +165,18 @@ def main(argv: list[str]) -> int:
         work = Path(tmp)
         for path in paths:
             h = read_harness(path)
-            binary = build(h, work, None)
+            binary = build(h, work, [])
             for model in ["sc", "weak"] if h.weak and not quick else ["sc"]:
                 print(f"-- {h.name}: {model}", flush=True)
                 verdict, took = check(binary, model, h.unwind)
                 bad += verdict != "ok"
                 rows.append((h.name, "-", model, verdict, took))
-            for name, model, file, old, new in h.mutations:
+            for name, model in dict.fromkeys((m[0], m[1]) for m in h.mutations):
                 if verify or (quick and model != "sc"):
                     continue
+                edits = [(f, old, new) for n, _, f, old, new in h.mutations if n == name]
                 print(f"-- {h.name}: mutation {name} ({model})", flush=True)
-                verdict, took = check(build(h, work, (file, old, new)), model, h.unwind)
+                verdict, took = check(build(h, work, edits), model, h.unwind)
                 caught = verdict == "FAILED"
                 bad += not caught
                 rows.append((h.name, name, model, "caught" if caught else f"NOT caught ({verdict})",
