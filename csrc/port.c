@@ -226,6 +226,12 @@ bt_timer *bt_port_pop(bt_port *port) {
     return t;
 }
 
+void bt_port_unpop(bt_port *port, bt_timer *t) {
+    if (bt__forked(port->tt)) return;
+    t->next = port->batch; /* the batch is the consumer's own */
+    port->batch = t;
+}
+
 uint64_t bt_timer_id(bt_timer *t) {
     uint64_t w = atomic_load_explicit(&t->word, memory_order_relaxed);
     return ((uint64_t)BT_WORD_GEN(w) << 32) | t->slot;

@@ -70,7 +70,7 @@ static int run_timed(PortObject *self, HandleObject *h, PyObject *on_error, int6
  * cancel() already dropped the slot's reference).  If a callback raises
  * KeyboardInterrupt or SystemExit, the rest stay queued, the port is
  * signalled again, and the exception propagates, as asyncio would let it. */
-static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
+static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until) {
     if (atomic_exchange(&self->draining, 1)) return PyLong_FromLong(0); /* re-entered */
     int drop = drop_all || self->drop;
     int timed = !drop && self->on_slow && self->on_slow != Py_None;
@@ -79,6 +79,14 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
     long ran = 0;
     bt_timer *t;
     while ((t = bt_port_pop(self->port)) != NULL) {
+        if (until >= 0 && bt_timer_deadline(t) > until) {
+            /* Due after the loop's last poll: asyncio would run it in the
+             * next iteration, after what this one queues (docs/design.rst,
+             * "Order on the loop"). */
+            bt_port_unpop(self->port, t);
+            bt_port_signal(self->port);
+            break;
+        }
         HandleObject *h = (HandleObject *)bt_timer_payload(t);
         if (!(drop ? bt_timer_take(self->port, t) : bt_timer_claim(self->port, t))) {
             bt_timer_release(self->port, t);
@@ -103,8 +111,23 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all) {
     return PyLong_FromLong(ran);
 }
 
-static PyObject *Port_drain(PortObject *self, PyObject *Py_UNUSED(ignored)) {
-    return Port_drain_impl(self, 0);
+static PyObject *Port_drain(PortObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "drain() takes at most 1 argument (%zd given)", nargs);
+        return NULL;
+    }
+    int64_t until = -1;
+    if (nargs == 1 && args[0] != Py_None) {
+        if (!PyLong_Check(args[0])) {
+            PyErr_Format(PyExc_TypeError, "until must be an int or None, not %.100s",
+                         Py_TYPE(args[0])->tp_name);
+            return NULL;
+        }
+        long long v = PyLong_AsLongLong(args[0]);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        until = v < 0 ? -1 : (int64_t)v;
+    }
+    return Port_drain_impl(self, 0, until);
 }
 
 /* Cancels the timers still bound to this port, wherever they wait (the
@@ -133,7 +156,7 @@ static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
         return NULL;
     }
     if (rc) return ext_raise_errno(rc, "detach");
-    PyObject *r = Port_drain_impl(self, 1);
+    PyObject *r = Port_drain_impl(self, 1, -1);
     if (!r) return NULL;
     Py_DECREF(r);
     Py_RETURN_NONE;
@@ -154,8 +177,11 @@ static PyObject *Port_get_loop(PortObject *self, void *Py_UNUSED(c)) {
 }
 
 static PyMethodDef Port_methods[] = {
-    {"drain", (PyCFunction)Port_drain, METH_NOARGS,
-     "Run every posted timer; returns how many were taken."},
+    {"drain", (PyCFunction)(void (*)(void))Port_drain, METH_FASTCALL,
+     "drain($self, until=None, /)\n--\n\n"
+     "Run the posted timers (those due by ``until``, monotonic ns, if given; "
+     "the rest wait for the next drain and the port is signalled again); "
+     "returns how many were taken."},
     {"fileno", (PyCFunction)Port_fileno, METH_NOARGS,
      "The eventfd that becomes readable when timers are posted (-1 when detached)."},
     {"detach", (PyCFunction)Port_detach, METH_NOARGS,

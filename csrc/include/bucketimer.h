@@ -279,6 +279,10 @@ void bt_port_signal(bt_port *port);
 int32_t bt_port_has_posted(bt_port *port);
 /* Next posted timer in fire order, or NULL when the port is empty. */
 bt_timer *bt_port_pop(bt_port *port);
+/* Gives back the timer bt_port_pop just returned, unclaimed: the next pop
+ * returns it again (a consumer that stops before a timer, e.g. one due after
+ * its loop's last poll; it re-signals the port with bt_port_signal). */
+void bt_port_unpop(bt_port *port, bt_timer *t);
 /* Id and payload of a popped timer. */
 uint64_t bt_timer_id(bt_timer *t);
 void *bt_timer_payload(bt_timer *t);

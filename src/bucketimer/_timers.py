@@ -106,7 +106,7 @@ class TimerThread(_core.TimerThread):
             raise RuntimeError("cannot schedule on a closed event loop")
         in_loop = asyncio.events._get_running_loop() is loop
         if in_loop:
-            loop.add_reader(fd, port.drain)
+            loop.add_reader(fd, *_reader(loop, port))
         else:
             # Not from inside the loop: its selector is its own thread's
             # (asyncio is not thread-safe, even for a loop that is not
@@ -281,7 +281,18 @@ def _time_callbacks(port: _core.Port, slow_after: float | None) -> None:
 def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
     fd = port.fileno()
     if fd >= 0 and not loop.is_closed():
-        loop.add_reader(fd, port.drain)
+        loop.add_reader(fd, *_reader(loop, port))
+
+
+def _reader(loop: Any, port: _core.Port) -> tuple[Any, ...]:
+    """The loop's reader for PORT: its drain, up to the loop's last poll where
+    the loop says when that was (bucketimer.EventLoop), else all of it."""
+    polled = getattr(loop, "_bt_polled", None)
+    return (port.drain,) if polled is None else (_drain_polled, port, polled)
+
+
+def _drain_polled(port: _core.Port, polled: Any) -> None:
+    port.drain(polled.polled_ns)
 
 
 # How often the dispatcher looks for loops that closed behind our back.

@@ -52,8 +52,9 @@ import functools
 import selectors
 import sys
 import warnings
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from time import monotonic as _monotonic
+from time import monotonic_ns as _monotonic_ns
 from typing import Any, TypeVar, cast
 
 from . import _backend, _patch
@@ -247,6 +248,42 @@ class _NativeTimersMixin:
             d.pop(name, None)
 
 
+class _PollStamp(selectors.BaseSelector):
+    """The loop's selector, and when its last ``select()`` returned
+    (``time.monotonic_ns()``, -1 before the first): asyncio runs a timer in
+    the first iteration whose poll came after its deadline, so the loop's
+    port drains the timers due by then and leaves the rest, due while this
+    iteration's callbacks ran, to the next (docs/design.rst, "Order on the
+    loop")."""
+
+    def __init__(self, inner: selectors.BaseSelector) -> None:
+        self._inner = inner
+        self.polled_ns = -1
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = self._inner.select(timeout)
+        self.polled_ns = _monotonic_ns()
+        return ready
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.modify(fileobj, events, data)
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.get_key(fileobj)
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self._inner.get_map()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc]
     """``asyncio.SelectorEventLoop`` whose ``call_at``/``call_later`` use bucketimer.
 
@@ -258,7 +295,8 @@ class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[
 
     def __init__(self, selector: selectors.BaseSelector | None = None, *,
                  timer_thread: TimerThread | None = None) -> None:
-        super().__init__(selector)
+        self._bt_polled = _PollStamp(selector or selectors.DefaultSelector())
+        super().__init__(self._bt_polled)
         self._bt_init(timer_thread)
 
 

@@ -15,8 +15,10 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from _impls import IMPLS
 
 import bucketimer
 from bucketimer import aio
@@ -92,3 +94,40 @@ def due_timer_then_passed_timeout(run, held) -> list[str]:
 
     run(main())
     return order
+
+
+def test_a_timer_due_while_a_callback_holds_the_loop_waits_for_the_next_iteration(run, t, request):
+    """asyncio's selector loop moves a timer to its ready queue in the first
+    iteration whose poll came after its deadline, so a task that held the
+    loop past a timeout's deadline and then yielded runs again before that
+    timeout expires.  On the drop-in loop a drain already queued for that
+    iteration (a callback due before it) leaves the timeout's timer, due
+    after the iteration's poll, to the next one.  (uvloop runs such a timer
+    first; the helpers there do as asyncio's own timeout does.)"""
+
+    def program(helpers: Any) -> list[str]:
+        async def main():
+            loop = asyncio.get_running_loop()
+            loop.call_later(0, lambda: None)  # due at once: a drain this iteration
+            time.sleep(0.02)  # ... which the timer thread has posted by the poll
+            out = []
+
+            async def task():
+                async with helpers.timeout(None) as cm:
+                    cm.reschedule(loop.time() + 0.02)
+                    time.sleep(0.06)  # the deadline passes while the task holds the loop
+                    await asyncio.sleep(0)
+                out.append(f"left normally, expired={cm.expired()}")
+
+            try:
+                await loop.create_task(task())
+            except TimeoutError:
+                out.append("TimeoutError")
+            return out
+
+        return run(main())
+
+    expected = program(IMPLS["asyncio"])
+    if request.node.callspec.params["run"] != "uvloop":
+        assert expected == ["left normally, expired=False"]
+    assert program(t) == expected
