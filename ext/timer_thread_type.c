@@ -274,6 +274,25 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
  * (bt_deliver_due), and if the loop's port then holds anything its drain is
  * queued first.  A loop with no port has no timers to wait for. */
 
+/* When the drop-in loop's last poll returned (loop._bt_polled.polled_ns, an
+ * int), or None for a loop that does not say: the drain queued here runs
+ * what was due by then, as asyncio's heap would have moved it to this
+ * iteration's ready queue ahead of the expiry; what fell due since runs
+ * after the expiry, in the next iteration (docs/design.rst, "Order on the
+ * loop"). */
+static PyObject *polled_ns(PyObject *loop) {
+    PyObject *polled = PyObject_GetAttrString(loop, "_bt_polled");
+    if (!polled) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *ns = PyObject_GetAttrString(polled, "polled_ns");
+    Py_DECREF(polled);
+    if (ns && !PyLong_Check(ns)) Py_SETREF(ns, Py_NewRef(Py_None));
+    return ns;
+}
+
 static int deliver_to(TimerThreadObject *self, PyObject *loop) {
     PyObject *known = PyDict_GetItemWithError(self->ports, loop);
     if (!known) return PyErr_Occurred() ? -1 : 0;
@@ -288,9 +307,12 @@ static int deliver_to(TimerThreadObject *self, PyObject *loop) {
     int ok = rc == 0 || rc == -ESHUTDOWN || rc == -ECHILD;
     if (!ok) ext_raise_errno(rc, "bt_deliver_due");
     if (ok && rc == 0 && port_is_open(port) && bt_port_has_posted(port->port)) {
-        PyObject *drain = PyObject_GetAttr((PyObject *)port, self->st->str_drain);
-        PyObject *h = drain ? PyObject_CallMethodOneArg(loop, self->st->str_call_soon, drain)
+        PyObject *until = polled_ns(loop);
+        PyObject *drain = until ? PyObject_GetAttr((PyObject *)port, self->st->str_drain) : NULL;
+        PyObject *h = drain ? PyObject_CallMethodObjArgs(loop, self->st->str_call_soon, drain,
+                                                         until, NULL)
                             : NULL;
+        Py_XDECREF(until);
         Py_XDECREF(drain);
         Py_XDECREF(h);
         ok = h != NULL;

@@ -502,7 +502,11 @@ def _count() -> Any:
 def test_every_mode_traces_as_asyncio(program: Program) -> None:
     found = differences(program)
     for name, (expected, got) in found.items():
-        note(f"{name}:\n  reference:  {expected}\n  bucketimer: {got}")
+        report = f"{name}:\n  reference:  {expected}\n  bucketimer: {got}"
+        note(report)
+        # Also to the captured output, which pytest shows for every call
+        # of a failure Hypothesis could not repeat (a FlakyFailure).
+        print(f"{program}\n{report}")
     assert not found, sorted(found)
 
 

@@ -131,3 +131,36 @@ def test_a_timer_due_while_a_callback_holds_the_loop_waits_for_the_next_iteratio
     if request.node.callspec.params["run"] != "uvloop":
         assert expected == ["left normally, expired=False"]
     assert program(t) == expected
+
+
+def test_a_timer_due_while_a_callback_holds_the_loop_runs_after_a_passed_timeout(run, t, request):
+    """The same rule where a timeout is entered with its deadline passed: its
+    expiry, queued in this iteration, runs before a loop timer that fell due
+    while this iteration's callback held the loop (asyncio moves that timer
+    at the next iteration's start, after the expiry).  The helpers ask the
+    core for the timers due, and queue their drain before the expiry, only
+    up to the iteration's poll."""
+
+    def program(helpers: Any) -> list[object]:
+        async def main():
+            loop = asyncio.get_running_loop()
+            seen: list[object] = []
+            cms: list[Any] = []
+            loop.call_later(0.02, lambda: seen.append(cms[0].expired() if cms else "first"))
+
+            async def task():
+                time.sleep(0.06)  # the loop timer falls due meanwhile
+                async with helpers.timeout(0) as cm:
+                    cms.append(cm)
+                    await asyncio.sleep(10)
+
+            with pytest.raises(TimeoutError):
+                await loop.create_task(task())
+            return seen
+
+        return run(main())
+
+    expected = program(IMPLS["asyncio"])
+    if request.node.callspec.params["run"] != "uvloop":
+        assert expected == [True]
+    assert program(t) == expected
