@@ -181,10 +181,10 @@ def main(argv: list[str]) -> int:
                 bad += not caught
                 rows.append((h.name, name, model, "caught" if caught else f"NOT caught ({verdict})",
                              took))
-    print(f"\n{'harness':<8} {'mutation':<22} {'model':<6} {'verdict':<22} seconds")
+    print(f"\n{'harness':<8} {'mutation':<28} {'model':<6} {'verdict':<22} seconds")
     for name, mutation, model, verdict, took in rows:
         shown = WEAK if model == "weak" else model
-        print(f"{name:<8} {mutation:<22} {shown:<6} {verdict:<22} {took:7.1f}")
+        print(f"{name:<8} {mutation:<28} {shown:<6} {verdict:<22} {took:7.1f}")
     ok = "all verified" + (", mutations not run" if verify else ", every mutation caught")
     print(f"model_check: {'FAILED' if bad else ok}"
           f" ({sum(r[4] for r in rows):.0f} s)")

@@ -1,0 +1,110 @@
+/*
+ * reuse.c -- model check: a slot's reuse against a holder of its previous
+ * id (docs/design.rst, rules 1 and 2: cancel by versioned id).
+ *
+ * Property: a stale id never touches the slot's next timer.  The consumer
+ * releases a timer it ran (the slot's generation is bumped, the slot
+ * FREE) and a schedule reuses the slot at once, while another thread
+ * cancels and then postpones with the id of the timer that ran: both answer
+ * BT_TOO_LATE (they saw it RUNNING) or BT_UNKNOWN, and the new timer is
+ * PENDING at its own deadline, under the new generation, whatever the
+ * interleaving.
+ *
+ * Code under test, as it is in csrc/: bt_timer_release (port.c),
+ * bt__slot_retire and bt__slot (pool.c), schedule_timer with
+ * lock_with_free_slot and push_pending_locked (bucket.c), bt_cancel and
+ * bt_postpone (bucket.c).  The slot directory has one block, this slot.
+ * Stubbed: the wake (bt__wake_for), the collect request.
+ *
+ * CBMC refuses a program that stores a pointer to memory threads share
+ * ("pointer handling for concurrency is unsound"); the free list and the
+ * bucket's list are such pointers, so in this model copy the slot goes back
+ * to its bucket as a count and the schedule takes it from there, and it is
+ * not linked on the bucket's list (the pass, which reads that list, is not
+ * part of this check; the free list is only touched under the bucket
+ * mutex).
+ * adapt port.c: if (bt__slot_retire(port->tt, t)) bt__pool_free_chain(port->tt, t->bucket, t, t, 1); => if (bt__slot_retire(port->tt, t)) model_freed++;
+ * adapt bucket.c: struct bt_timer *t = bk->free;\n    bk->free = t->next;\n    bk->nfree--; => struct bt_timer *t = &slot;\n    __CPROVER_assume(model_freed);
+ * adapt bucket.c: t->next = bk->head;\n    bk->head = t;\n    return => return
+ * adapt bucket.c: if (bk->free) return 0; => return 0;
+ *
+ * Sequential consistency only: the property is the outcome of the CASes
+ * and stores on one word (retire's FREE store, the schedule's PENDING
+ * store, the cancel's and the postpone's compare-exchange on the
+ * generation), which coherence fixes under any memory model.
+ * sc only
+ *
+ * Mutations (tools/model_check.py applies each to a copy of csrc/; the
+ * check must then fail):
+ * mutation retire-keeps-generation sc pool.c: uint32_t gen = BT_WORD_GEN(w) + 1; => uint32_t gen = BT_WORD_GEN(w);
+ * mutation cancel-ignores-generation sc bucket.c: if (BT_WORD_GEN(w) != gen) return BT_UNKNOWN; => (void)gen;
+ * mutation postpone-ignores-generation sc bucket.c: if (BT_WORD_GEN(w) != gen || BT_WORD_STATE(w) == BT_S_FREE) { => if (BT_WORD_STATE(w) == BT_S_FREE) {
+ */
+#include "model.h"
+
+static int model_freed;
+static struct bt_timer slot;
+
+#include "../bucket.c"
+#include "../pool.c"
+#include "../port.c"
+
+#define TAG 1u
+#define GEN 7u
+#define NEW_DEADLINE 200
+
+static bt_timer_thread core;
+static struct bt__bucket buckets[1];
+static bt_port port;
+_Atomic uint64_t bt__fork_generation;
+static volatile int done_owner;
+static uint64_t new_id;
+static int schedule_rc;
+
+int bt__wake_for(bt_timer_thread *tt, int64_t deadline, int drain) {
+    (void)tt, (void)deadline, (void)drain;
+    return 0;
+}
+
+void bt__request_collect(bt_timer_thread *tt) { (void)tt; }
+
+static uint64_t id_of(uint32_t gen) { return (uint64_t)gen << 32 | TAG << BT_INDEX_BITS; }
+
+/* The consumer gives back the timer it ran; then its thread schedules again
+ * and gets the same slot. */
+static void owner(void) {
+    bt_timer_release(&port, &slot);
+    schedule_rc = bt_schedule_port(&core, NEW_DEADLINE, &port, NULL, &new_id);
+    model_done(&done_owner);
+}
+
+int main(void) {
+    core.tag = TAG;
+    core.gen0 = 1;
+    core.nbuckets = 1;
+    core.buckets = buckets;
+    core.opt.drain_threshold = 1000;
+    buckets[0].nearest = INT64_MAX;
+    buckets[0].prune_at = 1000;
+    core.blocks[0] = &slot;
+    core.nblocks = 1;
+    port.tt = &core;
+    slot.slot = TAG << BT_INDEX_BITS;
+    slot.deadline = 100;
+    slot.word = BT_WORD(GEN, BT_S_RUNNING); /* the consumer ran it */
+__CPROVER_ASYNC_1:
+    owner();
+    int cancelled = bt_cancel(&core, id_of(GEN));
+    int postponed = bt_postpone(&core, id_of(GEN), 300);
+    model_join(done_owner);
+
+    uint64_t w = slot.word;
+    __CPROVER_assert(schedule_rc == 0 && new_id == id_of(GEN + 1), "the slot is reused, next generation");
+    __CPROVER_assert(cancelled == BT_TOO_LATE || cancelled == BT_UNKNOWN,
+                     "a stale cancel answers too late or unknown");
+    __CPROVER_assert(postponed == BT_TOO_LATE || postponed == BT_UNKNOWN,
+                     "a stale postpone answers too late or unknown");
+    __CPROVER_assert(w == BT_WORD(GEN + 1, BT_S_PENDING), "the new timer is pending, unmoved");
+    __CPROVER_assert(slot.deadline == NEW_DEADLINE, "at its own deadline");
+    return 0;
+}
