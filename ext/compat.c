@@ -30,6 +30,10 @@
 #include "internal/pycore_tstate.h"
 #define HAVE_TSTATE_IMPL 1
 #endif
+#if __has_include("internal/pycore_object.h")
+#include "internal/pycore_object.h" /* _PyObject_GetMethod, 3.13-3.15 */
+#define HAVE_GET_METHOD_DECL 1
+#endif
 #endif
 
 #if PY_VERSION_HEX < 0x030C0000
@@ -50,6 +54,10 @@
 
 #if PY_VERSION_HEX >= 0x030C0000
 #define CR_AWAIT_GETTER 1 /* 3.12-3.15, where wait_for is written in C */
+#endif
+
+#if PY_VERSION_HEX < 0x030D0000 || defined(HAVE_GET_METHOD_DECL)
+#define TIME_GET_METHOD 1 /* 3.11-3.15: in cpython/object.h, then internal */
 #endif
 #endif
 
@@ -321,6 +329,68 @@ PyObject *ext_coro_await(ext_compat *c, PyObject *coro) {
     return PyObject_GetAttr(coro, c->str_cr_await);
 }
 
+/* ---- the function behind loop.time -----------------------------------------
+ * The helpers read the core's clock themselves unless the loop's `time` is
+ * not a clock they know, on its class or set on the instance
+ * (mock.patch.object(loop, "time")).  The public way to see the instance's
+ * side, loop.time, binds a method: an allocation, a tenth of an `async
+ * with timeout()`.  (Reading the instance's __dict__ instead is cheap but
+ * costs every later loop iteration: on 3.11, 3.12, 3.14 and 3.15 it ends
+ * the inline attribute values that the interpreter's attribute reads on the
+ * loop are specialised for.)  _PyObject_GetMethod, what the interpreter
+ * uses for `loop.time()`, returns the class's function unbound when nothing
+ * on the instance shadows it.  The check: the same function as the bound
+ * method's. */
+
+/* The function loop.time binds to `loop` (new reference): 0, or 1 if the
+ * read cannot tell (the attribute is not a method of the class, or is set
+ * on the instance: the public API answers those). */
+static int read_time_function(ext_compat *c, PyObject *loop, PyObject **out) {
+#if defined(TIME_GET_METHOD)
+    PyObject *m = NULL;
+    int unbound = _PyObject_GetMethod(loop, c->str_time, &m);
+    if (!m) {
+        PyErr_Clear();
+        return 1;
+    }
+    if (!unbound) {
+        Py_DECREF(m);
+        return 1;
+    }
+    *out = m;
+    return 0;
+#else
+    (void)c;
+    (void)loop;
+    (void)out;
+    return 1;
+#endif
+}
+
+/* The public twin: loop.time's __func__ if it is a method bound to loop. */
+static PyObject *bound_time_function(ext_compat *c, PyObject *loop) {
+    PyObject *b = PyObject_GetAttr(loop, c->str_time);
+    if (!b) return NULL;
+    PyObject *f = PyMethod_Check(b) && PyMethod_GET_SELF(b) == loop ? PyMethod_GET_FUNCTION(b)
+                                                                    : Py_None;
+    Py_INCREF(f);
+    Py_DECREF(b);
+    return f;
+}
+
+PyObject *ext_loop_time_function(ext_compat *c, PyObject *loop) {
+    int s = LOAD(c->loop_time_read);
+    PyObject *mine = NULL;
+    if (s == EXT_READ_PROVEN && read_time_function(c, loop, &mine) == 0) return mine;
+    PyObject *f = bound_time_function(c, loop);
+    if (f && s == EXT_READ_UNPROVEN) {
+        int rc = read_time_function(c, loop, &mine);
+        judge(&c->loop_time_read, rc, mine, f);
+        if (rc == 0) Py_DECREF(mine);
+    }
+    return f;
+}
+
 /* ---- set-up ------------------------------------------------------------------ */
 
 /* Whether BUCKETIMER_PUBLIC_API turns the read `name` off: "1" (or any
@@ -358,8 +428,10 @@ int ext_compat_init(ext_compat *c) {
     if (!c->current_task) return -1;
     c->str_cr_await = PyUnicode_InternFromString("cr_await");
     if (!c->str_cr_await) return -1;
+    c->str_time = PyUnicode_InternFromString("time");
+    if (!c->str_time) return -1;
 
-    int loop_in = 0, task_in = 0, stop_in = 0, await_in = 0, stop_ok = 0;
+    int loop_in = 0, task_in = 0, stop_in = 0, await_in = 0, stop_ok = 0, time_in = 0;
 #if defined(LOOP_READ_HOLDER) || defined(LOOP_READ_TSTATE)
     loop_in = 1;
 #endif
@@ -387,11 +459,15 @@ int ext_compat_init(ext_compat *c) {
     c->cr_await_getter = find_cr_await_getter();
     await_in = c->cr_await_getter != NULL;
 #endif
+#if defined(TIME_GET_METHOD)
+    time_in = 1;
+#endif
     start(&c->running_loop_read, "running_loop", loop_in, EXT_READ_UNPROVEN);
     start(&c->current_task_read, "current_task", task_in, EXT_READ_UNPROVEN);
     start(&c->stop_iteration_read, "stop_iteration", stop_in,
           stop_ok ? EXT_READ_PROVEN : EXT_READ_OFF_MISMATCH);
     start(&c->cr_await_read, "cr_await", await_in, EXT_READ_PROVEN);
+    start(&c->loop_time_read, "loop_time", time_in, EXT_READ_UNPROVEN);
     return 0;
 }
 
@@ -408,6 +484,7 @@ void ext_compat_clear(ext_compat *c) {
     Py_CLEAR(c->get_running_loop);
     Py_CLEAR(c->current_task);
     Py_CLEAR(c->str_cr_await);
+    Py_CLEAR(c->str_time);
     Py_CLEAR(c->running_loop_key);
     Py_CLEAR(c->holder_type);
     Py_CLEAR(c->current_tasks);
@@ -425,8 +502,9 @@ static const char *state_name(int s) {
 }
 
 PyObject *ext_compat_status(ext_compat *c) {
-    return Py_BuildValue("{ssssssss}", "running_loop", state_name(LOAD(c->running_loop_read)),
+    return Py_BuildValue("{ssssssssss}", "running_loop", state_name(LOAD(c->running_loop_read)),
                          "current_task", state_name(LOAD(c->current_task_read)),
                          "stop_iteration", state_name(LOAD(c->stop_iteration_read)),
-                         "cr_await", state_name(LOAD(c->cr_await_read)));
+                         "cr_await", state_name(LOAD(c->cr_await_read)),
+                         "loop_time", state_name(LOAD(c->loop_time_read)));
 }

@@ -32,6 +32,7 @@
 #define Py_T_PYSSIZET T_PYSSIZET
 #define Py_T_OBJECT_EX T_OBJECT_EX
 #define Py_T_DOUBLE T_DOUBLE
+#define Py_T_LONGLONG T_LONGLONG
 #define Py_READONLY READONLY
 static inline PyObject *PyErr_GetRaisedException(void) {
     PyObject *t, *v, *tb;
@@ -81,11 +82,13 @@ typedef struct ext_compat {
     PyObject *get_running_loop; /* asyncio.events._get_running_loop */
     PyObject *current_task;     /* asyncio.tasks.current_task */
     PyObject *str_cr_await;     /* "cr_await" */
+    PyObject *str_time;         /* "time" */
     /* one state word per read */
     _Atomic int running_loop_read;
     _Atomic int current_task_read;
     _Atomic int stop_iteration_read;
     _Atomic int cr_await_read;
+    _Atomic int loop_time_read;
     /* what the reads need */
     PyObject *running_loop_key;  /* 3.11: thread-state dict key */
     PyTypeObject *holder_type;   /* 3.11: _asyncio._RunningLoopHolder, once seen */
@@ -115,5 +118,9 @@ PyObject *ext_raise_stop_iteration(ext_compat *c, PyObject *value);
 void ext_forget_stop_iteration(ext_compat *c, PyObject *value);
 /* coro.cr_await of a native coroutine (new reference). */
 PyObject *ext_coro_await(ext_compat *c, PyObject *coro);
+/* The function that loop.time is bound from, when it is a method bound to
+ * `loop` (new reference); None when it is anything else (set on the
+ * instance, say). */
+PyObject *ext_loop_time_function(ext_compat *c, PyObject *loop);
 
 #endif

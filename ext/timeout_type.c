@@ -47,26 +47,24 @@ static int type_clock(ext_state *st, PyTypeObject *tp) {
     return st->time_checked_kind;
 }
 
-/* Whether `loop` has a `time` of its own in its __dict__, which shadows
- * its class's (mock.patch.object(loop, "time")): its class's `time` is a
- * function, which the instance's __dict__ overrides.  An instance without a
- * __dict__ cannot have one.  The dict is read directly (the first read
- * makes it, where CPython keeps the attributes inline): a lookup, no bound
- * method made. */
-static int instance_has_time(ext_state *st, PyObject *loop) {
+/* Whether `loop` has a `time` of its own (mock.patch.object(loop, "time")),
+ * shadowing its class's, which is a clock of `kind`: loop.time must be a
+ * function of that kind bound to the loop (every known clock is a Python
+ * or Cython function, bound as a method).  Asked without reading the
+ * instance's __dict__ (compat.c says why). */
+static int instance_has_time(ext_state *st, PyObject *loop, int kind) {
     if (Py_TYPE(loop)->tp_dictoffset == 0) return 0;
-    PyObject *dict = PyObject_GenericGetDict(loop, NULL);
-    if (!dict) return -1;
-    PyObject *v = PyDict_GetItemWithError(dict, st->str_time);
-    Py_DECREF(dict);
-    if (!v && PyErr_Occurred()) return -1;
-    return v != NULL;
+    PyObject *f = ext_loop_time_function(&st->compat, loop);
+    if (!f) return -1;
+    int own = clock_kind(st, f) != kind;
+    Py_DECREF(f);
+    return own;
 }
 
 int ext_loop_clock(ext_state *st, PyObject *loop) {
     int kind = type_clock(st, Py_TYPE(loop));
     if (kind <= EXT_CLOCK_FOREIGN) return kind;
-    int shadowed = instance_has_time(st, loop);
+    int shadowed = instance_has_time(st, loop, kind);
     return shadowed < 0 ? -1 : shadowed ? EXT_CLOCK_FOREIGN : kind;
 }
 

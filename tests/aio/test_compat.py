@@ -20,7 +20,7 @@ from bucketimer import _core
 # The C helpers' reads of CPython's private state: the native backend's alone.
 pytestmark = pytest.mark.native
 
-READS = ("running_loop", "current_task", "stop_iteration", "cr_await")
+READS = ("running_loop", "current_task", "stop_iteration", "cr_await", "loop_time")
 FORCED = os.environ.get("BUCKETIMER_PUBLIC_API", "") not in ("", "0")
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 
@@ -31,11 +31,11 @@ def _checked_reads() -> set[str]:
     if FREE_THREADED or sys.version_info >= (3, 16):
         return set()
     by_version = {
-        (3, 11): {"running_loop", "current_task"},
-        (3, 12): {"current_task", "stop_iteration", "cr_await"},
+        (3, 11): {"running_loop", "current_task", "loop_time"},
+        (3, 12): {"current_task", "stop_iteration", "cr_await", "loop_time"},
         (3, 13): set(READS),
         (3, 14): set(READS),
-        (3, 15): {"running_loop", "current_task", "cr_await"},
+        (3, 15): {"running_loop", "current_task", "cr_await", "loop_time"},
     }
     return by_version[sys.version_info[:2]]
 
