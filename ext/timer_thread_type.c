@@ -275,21 +275,22 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
  * queued first.  A loop with no port has no timers to wait for. */
 
 /* When the drop-in loop's last poll returned (loop._bt_polled.polled_ns, an
- * int), or None for a loop that does not say: the drain queued here runs
- * what was due by then, as asyncio's heap would have moved it to this
- * iteration's ready queue ahead of the expiry; what fell due since runs
- * after the expiry, in the next iteration (docs/design.rst, "Order on the
- * loop"). */
+ * int), or None for a loop that does not say (no _bt_polled, or None): the
+ * drain queued here runs what was due by then, as asyncio's heap would have
+ * moved it to this iteration's ready queue ahead of the expiry; what fell
+ * due since runs after the expiry, in the next iteration (docs/design.rst,
+ * "Order on the loop"). */
 static PyObject *polled_ns(PyObject *loop) {
     PyObject *polled = PyObject_GetAttrString(loop, "_bt_polled");
-    if (!polled) {
+    PyObject *ns = polled && polled != Py_None ? PyObject_GetAttrString(polled, "polled_ns")
+                                               : Py_XNewRef(polled);
+    Py_XDECREF(polled);
+    if (!ns) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    PyObject *ns = PyObject_GetAttrString(polled, "polled_ns");
-    Py_DECREF(polled);
-    if (ns && !PyLong_Check(ns)) Py_SETREF(ns, Py_NewRef(Py_None));
+    if (!PyLong_Check(ns)) Py_SETREF(ns, Py_NewRef(Py_None));
     return ns;
 }
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import contextvars
+import selectors
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import FrameType, TracebackType
@@ -85,6 +86,15 @@ class Port:
     def fileno(self) -> int: ...
     def detach(self) -> None: ...
     def cancel_pending(self) -> int: ...
+
+@disjoint_base
+class PollStamp:
+    def __new__(cls, selector: selectors.BaseSelector, /) -> Self: ...
+    @property
+    def selector(self) -> selectors.BaseSelector: ...
+    @property
+    def polled_ns(self) -> int: ...
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]: ...
 
 @final
 class Scheduler:

@@ -124,20 +124,20 @@ class TimerThread(_core.TimerThread):
 
         Returns True if the loop is closed already.  A close that another
         thread began before this hook was installed does not run it; the
-        dispatcher's audit (_audit_loops) finds such loops."""
+        dispatcher's audit (_audit_loops) finds such loops.  bucketimer's
+        own loops call loop_closing() from close() instead: the hook is an
+        instance attribute, and they keep to few (bucketimer.loop,
+        _LoopTimers)."""
+        if getattr(type(loop), "_bt_closes_ports", False):
+            return bool(loop.is_closed())
         ref = weakref.ref(self)
         orig_close = loop.close
         mine = object()  # marks this wrapper, which must not name itself (a cycle)
 
         def close() -> None:
             tt = ref()
-            # In a child of fork() the port's eventfd and the loop's epoll
-            # set are shared with the parent: detaching here would unregister
-            # the parent's reader and eat its pending signal.  Leave them be.
-            # A running loop refuses to close (orig_close raises): it keeps
-            # its port and its timers.
-            if tt is not None and tt._pid == os.getpid() and not loop.is_running():
-                tt._detach_loop(loop)
+            if tt is not None:
+                tt._loop_closing(loop)
             orig_close()
             # This closure holds the loop that holds it: once the loop is
             # closed, nothing is left to watch, and the cycle would leave the
@@ -151,6 +151,16 @@ class TimerThread(_core.TimerThread):
         except (AttributeError, TypeError):  # a loop class without __dict__
             pass
         return bool(loop.is_closed())
+
+    def _loop_closing(self, loop: Any) -> None:
+        """``loop.close()`` is about to run: detach its port.  Not in a child
+        of fork(), where the port's eventfd and the loop's epoll set are
+        shared with the parent: detaching would unregister the parent's
+        reader and eat its pending signal.  Not from a running loop, which
+        refuses to close (its close() raises): it keeps its port and its
+        timers."""
+        if self._pid == os.getpid() and not loop.is_running():
+            self._detach_loop(loop)
 
     def _detach_loop(self, loop: Any) -> None:
         port = self._forget(loop)
@@ -346,6 +356,13 @@ def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -
 # -- the process-wide default ----------------------------------------------------
 
 _live: weakref.WeakSet[TimerThread] = weakref.WeakSet()
+
+
+def loop_closing(loop: Any) -> None:
+    """Called by bucketimer's own loops first thing in ``close()``: every
+    TimerThread detaches its port for ``loop`` (the others have none)."""
+    for tt in list(_live):
+        tt._loop_closing(loop)
 
 
 def default_timer_thread() -> TimerThread:

@@ -21,6 +21,7 @@ import contextlib
 import contextvars
 import gc
 import inspect
+import selectors
 import sys
 import threading
 import time
@@ -316,6 +317,38 @@ def use_scheduler(tt: Any, before: Hit, inside: Hit) -> None:
     _in_a_loop(main)
 
 
+def use_poll_stamp(tt: Any, before: Hit, inside: Hit) -> None:
+    """A drop-in loop's selector: its timers are drained up to each poll."""
+    stamps: list[Any] = []
+
+    class Inner(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+        def select(self, timeout: float | None = None) -> Any:
+            if stamps:
+                inside(stamps[0])
+            return super().select(timeout)
+
+    bare = _core.PollStamp(selectors.DefaultSelector())
+    before(bare)
+    bare.select(0), bare.polled_ns, bare.selector
+    bare.selector.close()
+    loop = bucketimer.EventLoop(Inner(), timer_thread=tt)
+    stamps.append(loop._bt_polled)
+    before(loop._bt_polled)
+
+    async def main() -> None:
+        fired = asyncio.Event()
+        loop.call_later(0.001, fired.set)
+        await fired.wait()
+        with contextlib.suppress(TimeoutError):
+            async with bt_aio.timeout(0.001):
+                await asyncio.sleep(1)
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
 def use_timeout(tt: Any, before: Hit, inside: Hit) -> None:
     async def main() -> None:
         tm = bt_aio.timeout(5)
@@ -571,6 +604,7 @@ USES: dict[str, Callable[[Any, Hit, Hit], None]] = {
     "LoopHandle": use_loop_handle,
     "Port": use_port,
     "Scheduler": use_scheduler,
+    "PollStamp": use_poll_stamp,
     "Timeout": use_timeout,
     "_TimeoutStep": use_step,
     "GrpcUnary": use_grpc_unary,

@@ -813,6 +813,35 @@ def test_native_fast_path_installed(native_loop):
     assert "call_later" not in loop.__dict__
 
 
+@pytest.mark.parametrize("kind", ["stock", "bucketimer"])
+def test_few_instance_attributes_on_the_selector_loops(kind):
+    """asyncio's loop has 24 to 27 instance attributes; past about 29,
+    CPython stops keeping them inline and every loop iteration slows down
+    (bucketimer.loop._LoopTimers).  With timers, the helpers and a close,
+    the drop-in loop adds its two schedulers and a stock loop that runs the
+    helpers adds its close hook, no more."""
+    stock = asyncio.SelectorEventLoop()
+    baseline = set(vars(stock))
+    stock.close()
+    loop = LOOPS[kind]()
+
+    async def main():
+        loop.call_later(3600, print).cancel()
+        await asyncio.sleep(0.001)
+        async with bucketimer.timeout(3600):
+            await bucketimer.wait_for(asyncio.sleep(0), 3600)
+
+    loop.run_until_complete(main())
+    added = set(vars(loop)) - baseline
+    native = bucketimer.backend == "native"
+    if kind == "bucketimer":
+        assert added == ({"call_at", "call_later"} if native else set())
+    else:
+        assert added == ({"close"} if native else set())
+    loop.close()
+    assert set(vars(loop)) - baseline == set()
+
+
 @pytest.mark.native
 def test_native_subclass_overrides_respected(native_loop_kind):
     calls = []
