@@ -52,6 +52,7 @@ import functools
 import selectors
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from time import monotonic as _monotonic
 from typing import Any, TypeVar, cast
@@ -103,26 +104,29 @@ def _check_delay(delay: Any) -> None:
 
 
 class _LoopTimers:
-    """What the drop-in loop keeps of its own, in one attribute (a slot on
-    :class:`EventLoop`).
+    """What a drop-in loop keeps of its own, off the instance.
 
     asyncio's loop sets 24 to 27 instance attributes (by version).  Past
-    29 or so, CPython stops keeping an instance's attributes inline and
-    every ``self._x`` that ``_run_once`` reads gets slower: 11 to 13% of an
-    idle iteration on 3.11 to 3.15.  Reading the loop's ``__dict__`` ends
-    the inline values too, on 3.11, 3.12, 3.14 and 3.15, so nothing here
-    does.  The drop-in loop's instance attributes are the two C schedulers
-    on the fast path; the close hook (``_timers``) is its ``close()``.
+    29, CPython stops keeping an instance's attributes inline and every
+    ``self._x`` that ``_run_once`` reads gets slower: 11 to 13% of an idle
+    iteration on 3.11 to 3.15.  Reading the loop's ``__dict__`` ends the
+    inline values too, on 3.11, 3.12, 3.14 and 3.15, and so does a
+    ``__slots__`` entry on 3.13 and later.  So a drop-in loop's only
+    instance attributes are the two C schedulers of the fast path; this
+    lives in ``_LOOP_TIMERS``, keyed weakly by the loop, and holds nothing
+    that leads back to the loop (its selector only through a weak
+    reference); the close hook (``_timers``) is the loop's own ``close()``.
     """
 
-    __slots__ = ("at", "later", "polled", "scheduler_tt", "timer_thread")
+    __slots__ = ("polled", "timer_thread")
 
     def __init__(self, timer_thread: TimerThread | None, polled: Any) -> None:
         self.timer_thread = timer_thread
-        self.polled = polled  # the loop's _PollStamp, or None
-        self.scheduler_tt: TimerThread | None = None  # whose schedulers `at`, `later` are
-        self.at: Any = None
-        self.later: Any = None
+        # the loop's _PollStamp (which holds the loop's reader handles)
+        self.polled = None if polled is None else weakref.ref(polled)
+
+
+_LOOP_TIMERS: weakref.WeakKeyDictionary[Any, _LoopTimers] = weakref.WeakKeyDictionary()
 
 
 class _NativeTimersMixin:
@@ -134,7 +138,6 @@ class _NativeTimersMixin:
     (TimerThread, loop), so ``loop.call_later(d, cb)`` is one C call.
     """
 
-    _bt: _LoopTimers | None = None  # set_debug() runs inside the base __init__, before _bt_init
     _bt_closes_ports = True  # close() detaches this loop's ports (_timers.loop_closing)
 
     def __new__(cls, *args: Any, timer_thread: TimerThread | None = None, **kwargs: Any) -> Any:
@@ -147,15 +150,21 @@ class _NativeTimersMixin:
         return super().__new__(cls)
 
     def _bt_init(self, timer_thread: TimerThread | None, polled: Any = None) -> None:
-        self._bt = _LoopTimers(timer_thread, polled)
+        _LOOP_TIMERS[self] = _LoopTimers(timer_thread, polled)
         self._bt_update_fast_path()
+
+    @property
+    def _bt(self) -> _LoopTimers | None:
+        """This loop's _LoopTimers; None inside the base __init__ (whose
+        set_debug() comes before _bt_init)."""
+        return _LOOP_TIMERS.get(self)
 
     @property
     def _bt_polled(self) -> Any:
         """The loop's _PollStamp (when its last poll returned), or None for a
         loop that does not say (_timers' reader drains all then)."""
         bt = self._bt
-        return None if bt is None else bt.polled
+        return None if bt is None or bt.polled is None else bt.polled()
 
     # -- which TimerThread ---------------------------------------------------
 
@@ -184,8 +193,6 @@ class _NativeTimersMixin:
         )
 
     def _bt_update_fast_path(self) -> None:
-        bt = self._bt
-        assert bt is not None
         cls = type(self)
         want = (
             self._bt_native()
@@ -193,20 +200,17 @@ class _NativeTimersMixin:
             and cls.call_at is _NativeTimersMixin.call_at
             and cls.call_later is _NativeTimersMixin.call_later
         )
-        tt = self.timer_thread
-        if (bt.scheduler_tt is not tt and _backend.NATIVE
-                and not self.is_closed()):  # type: ignore[attr-defined]
-            bt.scheduler_tt = tt
-            loop = cast(asyncio.AbstractEventLoop, self)
-            bt.at = tt._scheduler(loop, True)
-            bt.later = tt._scheduler(loop, False)
-        # Set and deleted as attributes, never through self.__dict__: on
-        # 3.11 and 3.12 reading that dict ends the shared keys (_LoopTimers).
+        # Set and deleted as attributes, never through self.__dict__
+        # (_LoopTimers says why).
         if want:
-            object.__setattr__(self, "call_at", bt.at)
-            object.__setattr__(self, "call_later", bt.later)
+            object.__setattr__(self, "call_at", self._bt_scheduler(True))
+            object.__setattr__(self, "call_later", self._bt_scheduler(False))
         else:
             self._bt_drop_fast_path()
+
+    def _bt_scheduler(self, absolute: bool) -> Any:
+        """A C call_at (absolute) or call_later bound to (TimerThread, loop)."""
+        return self.timer_thread._scheduler(cast(asyncio.AbstractEventLoop, self), absolute)
 
     def _bt_drop_fast_path(self) -> None:
         for name in ("call_at", "call_later"):
@@ -228,8 +232,7 @@ class _NativeTimersMixin:
             )
         if self.is_closed():  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self._bt_update_fast_path()
-        return self._bt.at(when, callback, *args, context=context)  # type: ignore[union-attr]
+        return self._bt_scheduler(True)(when, callback, *args, context=context)
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any,
                    context: Any = None) -> Any:
@@ -247,8 +250,7 @@ class _NativeTimersMixin:
             )
         if self.is_closed():  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        self._bt_update_fast_path()
-        return self._bt.later(delay, callback, *args, context=context)  # type: ignore[union-attr]
+        return self._bt_scheduler(False)(delay, callback, *args, context=context)
 
     # -- switches ----------------------------------------------------------------
 
@@ -271,16 +273,13 @@ class _NativeTimersMixin:
             self._bt_update_fast_path()
 
     def close(self) -> None:
+        # The schedulers hold the loop that holds them: a cycle that would
+        # leave a closed loop to the cycle collector, where the stock loop
+        # goes with its last reference.  A closed loop never makes them again.
         self._bt_drop_fast_path()
         if _backend.NATIVE:
             _timers.loop_closing(self)
         super().close()  # type: ignore[misc]
-        # The schedulers hold the loop that holds them: a cycle that would
-        # leave a closed loop to the cycle collector, where the stock loop
-        # goes with its last reference.  A closed loop never makes them again.
-        bt = self._bt
-        if bt is not None:
-            bt.at = bt.later = bt.scheduler_tt = None
 
 
 if _backend.NATIVE:
@@ -323,13 +322,9 @@ class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[
     """
 
     _bt_stock_time = _base_time
-    # A slot, not an instance attribute: asyncio's loop has up to 27 of
-    # those and the drop-in's call_at/call_later 2 more (_LoopTimers).
-    __slots__ = ("_bt",)
 
     def __init__(self, selector: selectors.BaseSelector | None = None, *,
                  timer_thread: TimerThread | None = None) -> None:
-        self._bt = None
         polled = None
         if _backend.NATIVE:
             polled = selector = _PollStamp(selector or selectors.DefaultSelector())
