@@ -8,6 +8,7 @@ but their ratios tell whether a change made an operation do less work.
 
     python benchmarks/instructions.py            # needs valgrind on PATH
     python benchmarks/instructions.py --pure     # the pure-Python backend's
+    python benchmarks/instructions.py idle       # only the rows whose op names it
 
 Each operation runs N and 2N times in a fresh interpreter under
 ``valgrind --tool=callgrind``; the difference over N is its cost, start-up and
@@ -46,11 +47,25 @@ async def main():
         async with (bucketimer.timeout if ours else asyncio.timeout)(30) as cm:
             for _ in range(n):
                 cm.reschedule(loop.time() + 30)
+    elif op.startswith("idle"):  # loop iterations: a call_soon chain
+        if op != "idle/asyncio":  # after one bucketimer timeout on this loop
+            async with bucketimer.timeout(3600):
+                await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        done, left = loop.create_future(), [n]
+        def step():
+            left[0] -= 1
+            if left[0]:
+                loop.call_soon(step)
+            else:
+                done.set_result(None)
+        loop.call_soon(step)
+        await done
     elif op == "pair/timer-thread":
         sync_pairs(bucketimer.default_timer_thread().call_later, n)
     else:
         sync_pairs(asyncio.get_running_loop().call_later, n)
-factory = bucketimer.new_event_loop if op == "pair/drop-in" else asyncio.SelectorEventLoop
+factory = bucketimer.new_event_loop if op.endswith("drop-in") else asyncio.SelectorEventLoop
 with asyncio.Runner(loop_factory=factory) as r:
     r.run(main())
 """
@@ -60,6 +75,9 @@ OPS = [
     ("async with timeout(30): pass", "timeout/asyncio", "timeout/bucketimer"),
     ("async with timeout(None): pass", "timeout_none/asyncio", "timeout_none/bucketimer"),
     ("await wait_for(coro(), 30)", "wait_for/asyncio", "wait_for/bucketimer"),
+    # What must stay asyncio's: an idle iteration of a loop (ratio ~1.0x)
+    ("loop iteration, the helpers used", "idle/asyncio", "idle/bucketimer"),
+    ("loop iteration, drop-in loop", "idle/asyncio", "idle/drop-in"),
 ]
 # The pure-Python backend (BUCKETIMER_NO_EXTENSIONS=1): its TimerThread's
 # pair against the loop's, and its helpers (asyncio's, with the native ones'
@@ -110,9 +128,13 @@ def main() -> int:
               f"(valgrind callgrind, {N} vs {2 * N} runs)")
         print(f"{'operation':36} {'asyncio':>10} {'bucketimer':>11} {'ratio':>7}")
         prec = 2 if pure else 1  # (the pure backend's ratios are near 1)
+        only = [a for a in sys.argv[1:] if not a.startswith("--")]
         for label, ref, ours in OPS_PURE if pure else OPS:
+            if only and not any(o in ours for o in only):
+                continue
             a, b = per_op(script, ref), per_op(script, ours)
-            print(f"{label:36} {a:10,.0f} {b:11,.0f} {a / b:6.{prec}f}x", flush=True)
+            digits = 2 if ours.startswith("idle") else prec  # (these should be 1.00x)
+            print(f"{label:36} {a:10,.0f} {b:11,.0f} {a / b:6.{digits}f}x", flush=True)
     return 0
 
 

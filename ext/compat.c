@@ -75,6 +75,26 @@ static void judge(_Atomic int *state, int rc, PyObject *mine, PyObject *theirs) 
     else if (theirs != Py_None) STORE(*state, EXT_READ_PROVEN);
 }
 
+/* A read's answer for `arg`: the private read's once it is proven (and can
+ * tell), else the public twin's, which an unproven read is judged against.
+ * `read` gives a borrowed reference (0) or cannot tell (1); `ask`, the
+ * public API, a new one.  Inlined with each caller's two functions. */
+typedef int (*read_fn)(ext_compat *c, PyObject *arg, PyObject **out);
+typedef PyObject *(*ask_fn)(ext_compat *c, PyObject *arg);
+static inline __attribute__((always_inline)) PyObject *answer(ext_compat *c, _Atomic int *state,
+                                                              PyObject *arg, read_fn read,
+                                                              ask_fn ask) {
+    int s = LOAD(*state);
+    PyObject *mine = NULL;
+    if (s == EXT_READ_PROVEN && read(c, arg, &mine) == 0) return Py_NewRef(mine);
+    PyObject *theirs = ask(c, arg);
+    if (theirs && s == EXT_READ_UNPROVEN) {
+        int rc = read(c, arg, &mine);
+        judge(state, rc, mine, theirs);
+    }
+    return theirs;
+}
+
 /* ---- the running loop ------------------------------------------------------
  * asyncio._get_running_loop() on 3.11 calls getpid() (a syscall) to hide a
  * parent's loop from a forked child; that was a third of a schedule+cancel
@@ -113,7 +133,9 @@ static int is_holder(ext_compat *c, PyObject *v) {
 /* This thread's running loop as the private state holds it (borrowed, or
  * Py_None): 0, or 1 if the read cannot tell. */
 static inline __attribute__((always_inline)) int read_running_loop(ext_compat *c,
+                                                                   PyObject *unused,
                                                                    PyObject **out) {
+    (void)unused;
 #if defined(LOOP_READ_TSTATE)
     (void)c;
     PyObject *loop = ((_PyThreadStateImpl *)PyThreadState_Get())->asyncio_running_loop;
@@ -143,16 +165,13 @@ static inline __attribute__((always_inline)) int read_running_loop(ext_compat *c
 #endif
 }
 
+static PyObject *ask_running_loop(ext_compat *c, PyObject *unused) {
+    (void)unused;
+    return PyObject_CallNoArgs(c->get_running_loop);
+}
+
 PyObject *ext_running_loop(ext_compat *c) {
-    int s = LOAD(c->running_loop_read);
-    PyObject *mine = NULL;
-    if (s == EXT_READ_PROVEN && read_running_loop(c, &mine) == 0) return Py_NewRef(mine);
-    PyObject *loop = PyObject_CallNoArgs(c->get_running_loop);
-    if (loop && s == EXT_READ_UNPROVEN) {
-        int rc = read_running_loop(c, &mine);
-        judge(&c->running_loop_read, rc, mine, loop);
-    }
-    return loop;
+    return answer(c, &c->running_loop_read, NULL, read_running_loop, ask_running_loop);
 }
 
 /* ---- the current task ------------------------------------------------------
@@ -189,16 +208,12 @@ static inline __attribute__((always_inline)) int read_current_task(ext_compat *c
 #endif
 }
 
+static PyObject *ask_current_task(ext_compat *c, PyObject *loop) {
+    return PyObject_CallOneArg(c->current_task, loop);
+}
+
 PyObject *ext_current_task(ext_compat *c, PyObject *loop) {
-    int s = LOAD(c->current_task_read);
-    PyObject *mine = NULL;
-    if (s == EXT_READ_PROVEN && read_current_task(c, loop, &mine) == 0) return Py_NewRef(mine);
-    PyObject *task = PyObject_CallOneArg(c->current_task, loop);
-    if (task && s == EXT_READ_UNPROVEN) {
-        int rc = read_current_task(c, loop, &mine);
-        judge(&c->current_task_read, rc, mine, task);
-    }
-    return task;
+    return answer(c, &c->current_task_read, loop, read_current_task, ask_current_task);
 }
 
 /* ---- a StopIteration raised again and again ----------------------------------
@@ -342,10 +357,12 @@ PyObject *ext_coro_await(ext_compat *c, PyObject *coro) {
  * on the instance shadows it.  The check: the same function as the bound
  * method's. */
 
-/* The function loop.time binds to `loop` (new reference): 0, or 1 if the
- * read cannot tell (the attribute is not a method of the class, or is set
- * on the instance: the public API answers those). */
-static int read_time_function(ext_compat *c, PyObject *loop, PyObject **out) {
+/* The function loop.time binds to `loop` (borrowed: the class holds it):
+ * 0, or 1 if the read cannot tell (the attribute is not a method of the
+ * class, or is set on the instance: the public API answers those). */
+static inline __attribute__((always_inline)) int read_time_function(ext_compat *c,
+                                                                    PyObject *loop,
+                                                                    PyObject **out) {
 #if defined(TIME_GET_METHOD)
     PyObject *m = NULL;
     int unbound = _PyObject_GetMethod(loop, c->str_time, &m);
@@ -353,10 +370,8 @@ static int read_time_function(ext_compat *c, PyObject *loop, PyObject **out) {
         PyErr_Clear();
         return 1;
     }
-    if (!unbound) {
-        Py_DECREF(m);
-        return 1;
-    }
+    Py_DECREF(m); /* the class's dict (or the instance's) keeps it */
+    if (!unbound) return 1;
     *out = m;
     return 0;
 #else
@@ -368,7 +383,7 @@ static int read_time_function(ext_compat *c, PyObject *loop, PyObject **out) {
 }
 
 /* The public twin: loop.time's __func__ if it is a method bound to loop. */
-static PyObject *bound_time_function(ext_compat *c, PyObject *loop) {
+static PyObject *ask_time_function(ext_compat *c, PyObject *loop) {
     PyObject *b = PyObject_GetAttr(loop, c->str_time);
     if (!b) return NULL;
     PyObject *f = PyMethod_Check(b) && PyMethod_GET_SELF(b) == loop ? PyMethod_GET_FUNCTION(b)
@@ -379,16 +394,7 @@ static PyObject *bound_time_function(ext_compat *c, PyObject *loop) {
 }
 
 PyObject *ext_loop_time_function(ext_compat *c, PyObject *loop) {
-    int s = LOAD(c->loop_time_read);
-    PyObject *mine = NULL;
-    if (s == EXT_READ_PROVEN && read_time_function(c, loop, &mine) == 0) return mine;
-    PyObject *f = bound_time_function(c, loop);
-    if (f && s == EXT_READ_UNPROVEN) {
-        int rc = read_time_function(c, loop, &mine);
-        judge(&c->loop_time_read, rc, mine, f);
-        if (rc == 0) Py_DECREF(mine);
-    }
-    return f;
+    return answer(c, &c->loop_time_read, loop, read_time_function, ask_time_function);
 }
 
 /* ---- set-up ------------------------------------------------------------------ */
