@@ -44,7 +44,14 @@ static inline PyObject *PyErr_GetRaisedException(void) {
     Py_XDECREF(tb);
     return v;
 }
+/* As 3.12's: NULL (nothing was raised) leaves no exception set.  Callers
+ * save and restore "whatever is pending", which is often nothing: a port
+ * lost to another thread's in open_port, say. */
 static inline void PyErr_SetRaisedException(PyObject *exc) {
+    if (!exc) {
+        PyErr_Clear();
+        return;
+    }
     PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
 }
 #endif
