@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-from _helpers import SLOW, cffi_core, examples, wait_until
+from _helpers import SLOW, cffi_core, check_ok, examples, run_python, wait_until
 from hypothesis import currently_in_test_context, given, note
 from hypothesis import strategies as st
 
@@ -527,3 +527,40 @@ def test_core_api_race_clustered():
     another thread, a third of the callbacks scheduling more."""
     run_py_mix(PyMix(threads=8, ops=400, cancel_ratio=0.7, twice_ratio=1.0, cross_ratio=0.3,
                      delay=0.001, jitter=0.0, spawn_every=3, seed=3))
+
+
+# Part 3: threads racing to a fresh loop's first timer.  Each opens a port
+# for it; one records its own, the others find theirs lost and release it
+# (ext/timer_thread_type.c, open_port).  On 3.11 that path once restored
+# "no exception" through a shim that dereferenced NULL: a segfault in
+# call_later(loop=...), so the race runs in a child process.
+FIRST_TIMER_RACE = """
+import asyncio, sys, threading, time
+import bucketimer
+sys.setswitchinterval(1e-6)  # a thread switch inside open_port, often
+tt = bucketimer.TimerThread()
+deadline = time.monotonic() + 4.0
+loops = 0
+while loops < 1500 and time.monotonic() < deadline:
+    loop = asyncio.new_event_loop()
+    barrier = threading.Barrier(4)
+    def first_timer():
+        barrier.wait()
+        tt.call_later(10, print, loop=loop).cancel()
+    threads = [threading.Thread(target=first_timer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    loop.close()
+    loops += 1
+stats = tt.stats()
+tt.close()
+assert stats["scheduled"] == stats["cancelled"] == 4 * loops, stats
+print(loops)
+"""
+
+
+def test_threads_racing_to_a_fresh_loops_first_timer():
+    loops = int(check_ok(run_python(FIRST_TIMER_RACE, timeout=120)).strip())
+    assert loops > 0
