@@ -486,7 +486,20 @@ def _matches(got: Any, refs: list[Any]) -> bool:
         return True
     if not all(isinstance(r, dict) and r.keys() == got.keys() for r in refs):
         return False
-    return all(any(r[key] == got[key] for r in refs) for key in got)
+    return all(_part_matches(got[key], [r[key] for r in refs]) for key in got)
+
+
+def _part_matches(got: Any, refs: list[Any]) -> bool:
+    """One part of a trace against the references' same part; the tasks'
+    part task by task, which uvloop's differences also touch independently
+    (one task's ``wait_for`` of a huge int raising or not, another's timeout
+    expiring before or after its ``call_soon``)."""
+    if got in refs:
+        return True
+    if not isinstance(got, list) or not all(isinstance(r, list) and len(r) == len(got)
+                                            for r in refs):
+        return False
+    return all(any(r[i] == got[i] for r in refs) for i in range(len(got)))
 
 
 @pytest.fixture(scope="module", autouse=True)
