@@ -28,11 +28,13 @@
  * adapt bucket.c: t->next = bk->head;\n    bk->head = t;\n    return => return
  * adapt bucket.c: if (bk->free) return 0; => return 0;
  *
- * Sequential consistency only: the property is the outcome of the CASes
- * and stores on one word (retire's FREE store, the schedule's PENDING
- * store, the cancel's and the postpone's compare-exchange on the
- * generation), which coherence fixes under any memory model.
- * sc only
+ * The property is the outcome of the CASes and stores on one word
+ * (retire's FREE store, the schedule's PENDING store, the cancel's and the
+ * postpone's compare-exchange on the generation), which coherence fixes
+ * under any memory model.  The weak-memory run is TSO's, some five
+ * minutes: CBMC's PSO encoding of this harness is much larger (publish.c
+ * checks what the PENDING store publishes, under PSO).
+ * weak tso
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
