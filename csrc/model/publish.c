@@ -1,0 +1,113 @@
+/*
+ * publish.c -- model check: a timer's fields published through its state
+ * word, a schedule against the walk of bt_port_cancel_all and bt_drop_all
+ * (docs/design.rst, rules 1 and 2).
+ *
+ * Property: whoever sees the word PENDING sees the fields the schedule
+ * wrote before it.  bt__pool_cancel, the walk under bt_port_cancel_all
+ * and bt_drop_all, takes no bucket lock: it reads each slot's word
+ * (acquire), then the timer's port and payload, and cancels it with a
+ * compare-exchange.  Run against a schedule, it either cancels the new
+ * timer and hands its callback the schedule's port and payload, or leaves
+ * it PENDING; never a timer with the slot's previous port or payload.
+ *
+ * Code under test, as it is in csrc/: schedule_timer with
+ * push_pending_locked (bucket.c), its release store of the word;
+ * bt__pool_cancel (pool.c), its acquire load and compare-exchange, called
+ * as bt_drop_all calls it, for every port: bt_port_cancel_all's filter
+ * (`p != port`, a pointer read from shared memory compared) is what CBMC's
+ * concurrency support gets wrong, finding every timer another port's.
+ * Stubbed: the wake (bt__wake_for) and the collect request.  The slot held
+ * another timer before (its fields are that timer's, its word FREE at the
+ * same generation).
+ *
+ * The slot directory is one block of one slot, this harness's; as in
+ * reuse.c the free list and the bucket's list are not linked in the model
+ * copy (CBMC refuses stores of pointers to shared memory).
+ * adapt bucket.c: struct bt_timer *t = bk->free;\n    bk->free = t->next;\n    bk->nfree--; => struct bt_timer *t = &slot;
+ * adapt bucket.c: t->next = bk->head;\n    bk->head = t;\n    return => return
+ * adapt bucket.c: if (bk->free) return 0; => return 0;
+ * adapt pool.c: struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) { => struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < 1; i++) {
+ * unwind 2
+ *
+ * Threads and bounds: one schedule against one walk: 2 threads.  The
+ * pattern is message passing (fields, then the word; the word, then the
+ * fields), which a store-store reordering breaks: PSO shows the release
+ * store is needed, and the weak mutation below relaxes it.  PSO never
+ * reorders loads, so the acquire on the reader's side is beyond it
+ * (docs/design.rst, "Model checks").
+ *
+ * Mutations (tools/model_check.py applies each to a copy of csrc/; the
+ * check must then fail):
+ * mutation word-before-fields sc bucket.c: BT_STORE(t->deadline, deadline); => atomic_store(&t->word, BT_WORD(BT_WORD_GEN(atomic_load(&t->word)), BT_S_PENDING));\n    BT_STORE(t->deadline, deadline);
+ * mutation pending-relaxed weak bucket.c: atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_PENDING), memory_order_release); => atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_PENDING), memory_order_relaxed);
+ */
+#include "model.h"
+
+static struct bt_timer slot;
+
+#include "../bucket.c"
+#include "../pool.c"
+#include "../port.c"
+
+#define TAG 1u
+#define GEN 7u
+
+static bt_timer_thread core;
+static struct bt__bucket buckets[1];
+static bt_port port, earlier_port;
+static int payload, earlier_payload;
+_Atomic uint64_t bt__fork_generation;
+static volatile int done_scheduler;
+static int schedule_rc, dropped, dropped_right;
+static uint64_t id;
+
+int bt__wake_for(bt_timer_thread *tt, int64_t deadline, int drain) {
+    (void)tt, (void)deadline, (void)drain;
+    return 0;
+}
+
+void bt__request_collect(bt_timer_thread *tt) { (void)tt; }
+
+static void on_drop(void *ctx, bt_port *p, void *arg) {
+    (void)ctx;
+    dropped++;
+    dropped_right = p == &port && arg == &payload;
+}
+
+static void scheduler(void) {
+    schedule_rc = bt_schedule_port(&core, 100, &port, &payload, &id);
+    model_done(&done_scheduler);
+}
+
+int main(void) {
+    core.tag = TAG;
+    core.nbuckets = 1;
+    core.buckets = buckets;
+    core.opt.drain_threshold = 1000;
+    buckets[0].nearest = BT_NEVER;
+    buckets[0].prune_at = 1000;
+    core.blocks[0] = &slot;
+    core.nblocks = 1;
+    port.tt = &core;
+    earlier_port.tt = &core;
+    slot.slot = TAG << BT_INDEX_BITS;
+    slot.target = &earlier_port; /* the slot's previous timer, released */
+    slot.arg = &earlier_payload;
+    slot.word = BT_WORD(GEN, BT_S_FREE);
+__CPROVER_ASYNC_1:
+    scheduler();
+    int64_t n = bt__pool_cancel(&core, NULL, on_drop, NULL);
+    model_join(done_scheduler);
+
+    uint64_t w = slot.word;
+    __CPROVER_assert(schedule_rc == 0 && n == dropped, "the schedule and the walk succeed");
+    if (dropped) {
+        __CPROVER_assert(dropped == 1 && dropped_right,
+                         "a timer seen PENDING is seen with its own port and payload");
+        __CPROVER_assert(w == BT_WORD(GEN, BT_S_CANCELLED), "and is cancelled");
+    } else {
+        __CPROVER_assert(w == BT_WORD(GEN, BT_S_PENDING), "or left pending");
+    }
+    return 0;
+}
