@@ -234,10 +234,11 @@ CBMC_INSTALL = (
 def model(session: nox.Session) -> None:
     """Model checks of the core's lock-free protocols (csrc/model/, run by
     tools/model_check.py): CBMC over every interleaving of each harness's
-    threads, under sequential consistency and partial store order, and each
-    recorded mutation must give a counter-example.  In DEBIAN_PYTHON's root,
-    which gets CBMC on first use.  Posargs: harness names, ``quick`` for
-    sequential consistency only, ``verify`` to skip the mutations."""
+    threads, under sequential consistency and, where a harness allows, a
+    weak memory model (PSO or TSO), and each recorded mutation must give a
+    counter-example.  In DEBIAN_PYTHON's root, which gets CBMC on first use.
+    Posargs: harness names, ``quick`` for sequential consistency only,
+    ``verify`` to skip the mutations."""
     deb = str(DEBIAN_PYTHON)
     session.run(deb, "run", str(ROOT), "--", "bash", "-c", CBMC_INSTALL, external=True)
     session.run(deb, "run", str(ROOT), "--", "python3.14", "tools/model_check.py",
