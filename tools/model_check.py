@@ -7,8 +7,6 @@ what, with which bounds, and lists two kinds of lines this script reads:
     adapt FILE: OLD => NEW       applied to the model copy of csrc/ always
     unwind N                     the loop bound, instead of 4
     sc only                      no weak-memory run (the header says why)
-    weak tso                     the weak-memory run under TSO, not PSO
-                                 (the header says why)
     mutation NAME MODEL FILE: OLD => NEW
                                  applied to a copy for one extra run, which
                                  must FAIL (a counter-example) under MODEL:
@@ -19,10 +17,9 @@ what, with which bounds, and lists two kinds of lines this script reads:
 exactly once in FILE; mutation lines with one NAME make one mutation, applied
 together; lines in the csrc/model/ headers a harness includes count as its
 own.)  Every harness is checked under sequential
-consistency and, unless it says ``sc only``, under CBMC's partial-store-order
-model (``cbmc --mm pso``: stores may overtake stores and loads; fences restore
-the order) or, where it says ``weak tso``, total store order (``--mm tso``:
-stores may overtake loads only), and each mutation under the model it names.  The verdicts and times are printed as a
+consistency and, unless it says ``sc only``, under CBMC's partial-store-order model (``cbmc --mm pso``:
+stores may overtake stores and loads; fences restore the order), and each
+mutation under the model it names.  The verdicts and times are printed as a
 table; the exit status is 1 if a harness fails or a mutation is not
 caught.
 
@@ -72,7 +69,6 @@ GLOBAL_ADAPT = [
 EDIT = re.compile(r"^ \* adapt (\S+): (.*) => (.*)$")
 BOUND = re.compile(r"^ \* unwind (\d+)$")
 SC_ONLY = " * sc only"
-TSO = " * weak tso"
 MUTATION = re.compile(r"^ \* mutation (\S+) (sc|weak) (\S+): (.*) => (.*)$")
 
 
@@ -80,7 +76,7 @@ MUTATION = re.compile(r"^ \* mutation (\S+) (sc|weak) (\S+): (.*) => (.*)$")
 class Harness:
     name: str
     unwind: int
-    weak: str  # the weak model's --mm name, or "" for none
+    weak: bool
     adapt: list[tuple[str, str, str]]
     mutations: list[tuple[str, str, str, str, str]]
 
@@ -111,8 +107,7 @@ def read_harness(path: Path) -> Harness:
             adapt.append((m[1], unescape(m[2]), unescape(m[3])))
         elif m := MUTATION.match(line):
             mutations.append((m[1], m[2], m[3], unescape(m[4]), unescape(m[5])))
-    weak = "" if SC_ONLY in lines else "tso" if TSO in lines else WEAK
-    return Harness(path.stem, unwind, weak, adapt, mutations)
+    return Harness(path.stem, unwind, SC_ONLY not in lines, adapt, mutations)
 
 
 def apply(tree: Path, file: str, old: str, new: str, every: bool = False) -> None:
@@ -141,9 +136,8 @@ def build(h: Harness, work: Path, mutation: list[tuple[str, str, str]]) -> Path:
 
 
 def check(binary: Path, model: str, unwind: int) -> tuple[str, float]:
-    """'ok' (verified), 'FAILED' (a counter-example) or 'ERROR', and seconds.
-    model: "sc", or a weak model's --mm name."""
-    cmd = CBMC + ["--unwind", str(unwind)] + ([] if model == "sc" else ["--mm", model]) + [str(binary)]
+    """'ok' (verified), 'FAILED' (a counter-example) or 'ERROR', and seconds."""
+    cmd = CBMC + ["--unwind", str(unwind)] + ([] if model == "sc" else ["--mm", WEAK]) + [str(binary)]
     start = time.monotonic()
     run = subprocess.run(cmd, capture_output=True, text=True)
     took = time.monotonic() - start
@@ -163,7 +157,7 @@ def main(argv: list[str]) -> int:
     if names:
         paths = [p for p in paths if p.stem in names]
     version = subprocess.run(["cbmc", "--version"], capture_output=True, text=True).stdout.strip()
-    weak = "sc" if quick else f"sc, and --mm {WEAK} (or tso) where a harness allows"
+    weak = "sc" if quick else f"sc, and --mm {WEAK} where a harness allows"
     print(f"model_check: CBMC {version}; {len(paths)} harnesses; models: {weak}", flush=True)
     rows: list[tuple[str, str, str, str, float]] = []
     bad = 0
@@ -172,7 +166,7 @@ def main(argv: list[str]) -> int:
         for path in paths:
             h = read_harness(path)
             binary = build(h, work, [])
-            for model in ["sc", h.weak] if h.weak and not quick else ["sc"]:
+            for model in ["sc", "weak"] if h.weak and not quick else ["sc"]:
                 print(f"-- {h.name}: {model}", flush=True)
                 verdict, took = check(binary, model, h.unwind)
                 bad += verdict != "ok"
@@ -181,16 +175,16 @@ def main(argv: list[str]) -> int:
                 if verify or (quick and model != "sc"):
                     continue
                 edits = [(f, old, new) for n, _, f, old, new in h.mutations if n == name]
-                mm = h.weak if model == "weak" else "sc"
-                print(f"-- {h.name}: mutation {name} ({mm})", flush=True)
-                verdict, took = check(build(h, work, edits), mm, h.unwind)
+                print(f"-- {h.name}: mutation {name} ({model})", flush=True)
+                verdict, took = check(build(h, work, edits), model, h.unwind)
                 caught = verdict == "FAILED"
                 bad += not caught
-                rows.append((h.name, name, mm, "caught" if caught else f"NOT caught ({verdict})",
+                rows.append((h.name, name, model, "caught" if caught else f"NOT caught ({verdict})",
                              took))
     print(f"\n{'harness':<8} {'mutation':<28} {'model':<6} {'verdict':<22} seconds")
     for name, mutation, model, verdict, took in rows:
-        print(f"{name:<8} {mutation:<28} {model:<6} {verdict:<22} {took:7.1f}")
+        shown = WEAK if model == "weak" else model
+        print(f"{name:<8} {mutation:<28} {shown:<6} {verdict:<22} {took:7.1f}")
     ok = "all verified" + (", mutations not run" if verify else ", every mutation caught")
     print(f"model_check: {'FAILED' if bad else ok}"
           f" ({sum(r[4] for r in rows):.0f} s)")

@@ -31,10 +31,8 @@
  * The property is the outcome of the CASes and stores on one word
  * (retire's FREE store, the schedule's PENDING store, the cancel's and the
  * postpone's compare-exchange on the generation), which coherence fixes
- * under any memory model.  The weak-memory run is TSO's, some five
- * minutes: CBMC's PSO encoding of this harness is much larger (publish.c
- * checks what the PENDING store publishes, under PSO).
- * weak tso
+ * under any memory model; the PSO run shows it (publish.c checks what the
+ * PENDING store publishes).
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):

@@ -33,7 +33,8 @@
  *
  * Sequential consistency only.  Everything here is ordered by wake_mutex
  * but the futex words' own reads, which the kernel makes atomic with the
- * sleep.  CBMC's PSO encoding of this harness ran past 4 minutes here.
+ * sleep.  CBMC's PSO and TSO encodings of this harness each ran past 4
+ * minutes here.
  * sc only
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
