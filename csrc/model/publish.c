@@ -21,13 +21,7 @@
  * another timer before (its fields are that timer's, its word FREE at the
  * same generation).
  *
- * The slot directory is one block of one slot, this harness's; as in
- * reuse.c the free list and the bucket's list are not linked in the model
- * copy (CBMC refuses stores of pointers to shared memory).
- * adapt bucket.c: struct bt_timer *t = bk->free;\n    bk->free = t->next;\n    bk->nfree--; => struct bt_timer *t = &slot;
- * adapt bucket.c: t->next = bk->head;\n    bk->head = t;\n    return => return
- * adapt bucket.c: if (bk->free) return 0; => return 0;
- * adapt pool.c: struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) { => struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < 1; i++) {
+ * The core, its one slot and the schedule's take of it are oneslot.h's.
  * unwind 2
  *
  * Threads and bounds: one schedule against one walk: 2 threads.  The
@@ -42,20 +36,9 @@
  * mutation word-before-fields sc bucket.c: BT_STORE(t->deadline, deadline); => atomic_store(&t->word, BT_WORD(BT_WORD_GEN(atomic_load(&t->word)), BT_S_PENDING));\n    BT_STORE(t->deadline, deadline);
  * mutation pending-relaxed weak bucket.c: atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_PENDING), memory_order_release); => atomic_store_explicit(&t->word, BT_WORD(gen, BT_S_PENDING), memory_order_relaxed);
  */
-#include "model.h"
+#include "oneslot.h"
 
-static struct bt_timer slot;
-
-#include "../bucket.c"
-#include "../pool.c"
-#include "../port.c"
-
-#define TAG 1u
-#define GEN 7u
-
-static bt_timer_thread core;
-static struct bt__bucket buckets[1];
-static bt_port port, earlier_port;
+static bt_port earlier_port;
 static int payload, earlier_payload;
 _Atomic uint64_t bt__fork_generation;
 static volatile int done_scheduler;
@@ -81,20 +64,10 @@ static void scheduler(void) {
 }
 
 int main(void) {
-    core.tag = TAG;
-    core.nbuckets = 1;
-    core.buckets = buckets;
-    core.opt.drain_threshold = 1000;
-    buckets[0].nearest = BT_NEVER;
-    buckets[0].prune_at = 1000;
-    core.blocks[0] = &slot;
-    core.nblocks = 1;
-    port.tt = &core;
+    oneslot_init(BT_WORD(GEN, BT_S_FREE));
     earlier_port.tt = &core;
-    slot.slot = TAG << BT_INDEX_BITS;
     slot.target = &earlier_port; /* the slot's previous timer, released */
     slot.arg = &earlier_payload;
-    slot.word = BT_WORD(GEN, BT_S_FREE);
 __CPROVER_ASYNC_1:
     scheduler();
     int64_t n = bt__pool_cancel(&core, NULL, on_drop, NULL);

@@ -16,17 +16,11 @@
  * bt_postpone (bucket.c).  The slot directory has one block, this slot.
  * Stubbed: the wake (bt__wake_for), the collect request.
  *
- * CBMC refuses a program that stores a pointer to memory threads share
- * ("pointer handling for concurrency is unsound"); the free list and the
- * bucket's list are such pointers, so in this model copy the slot goes back
- * to its bucket as a count and the schedule takes it from there, and it is
- * not linked on the bucket's list (the pass, which reads that list, is not
- * part of this check; the free list is only touched under the bucket
- * mutex).
+ * The core, its one slot and the schedule's take of it are oneslot.h's;
+ * in this model copy the slot goes back to its bucket as a count, which
+ * the schedule waits for (the free list is a pointer, oneslot.h says why).
  * adapt port.c: if (bt__slot_retire(port->tt, t)) bt__pool_free_chain(port->tt, t->bucket, t, t, 1); => if (bt__slot_retire(port->tt, t)) model_freed++;
- * adapt bucket.c: struct bt_timer *t = bk->free;\n    bk->free = t->next;\n    bk->nfree--; => struct bt_timer *t = &slot;\n    __CPROVER_assume(model_freed);
- * adapt bucket.c: t->next = bk->head;\n    bk->head = t;\n    return => return
- * adapt bucket.c: if (bk->free) return 0; => return 0;
+ * adapt bucket.c: struct bt_timer *t = &slot; => struct bt_timer *t = &slot;\n    __CPROVER_assume(model_freed);
  *
  * The property is the outcome of the CASes and stores on one word
  * (retire's FREE store, the schedule's PENDING store, the cancel's and the
@@ -40,22 +34,12 @@
  * mutation cancel-ignores-generation sc bucket.c: if (BT_WORD_GEN(w) != gen) return BT_UNKNOWN; => (void)gen;
  * mutation postpone-ignores-generation sc bucket.c: if (BT_WORD_GEN(w) != gen || BT_WORD_STATE(w) == BT_S_FREE) { => if (BT_WORD_STATE(w) == BT_S_FREE) {
  */
-#include "model.h"
-
 static int model_freed;
-static struct bt_timer slot;
 
-#include "../bucket.c"
-#include "../pool.c"
-#include "../port.c"
+#include "oneslot.h"
 
-#define TAG 1u
-#define GEN 7u
 #define NEW_DEADLINE 200
 
-static bt_timer_thread core;
-static struct bt__bucket buckets[1];
-static bt_port port;
 _Atomic uint64_t bt__fork_generation;
 static volatile int done_owner;
 static uint64_t new_id;
@@ -68,8 +52,6 @@ int bt__wake_for(bt_timer_thread *tt, int64_t deadline, int drain) {
 
 void bt__request_collect(bt_timer_thread *tt) { (void)tt; }
 
-static uint64_t id_of(uint32_t gen) { return (uint64_t)gen << 32 | TAG << BT_INDEX_BITS; }
-
 /* The consumer gives back the timer it ran; then its thread schedules again
  * and gets the same slot. */
 static void owner(void) {
@@ -79,19 +61,9 @@ static void owner(void) {
 }
 
 int main(void) {
-    core.tag = TAG;
+    oneslot_init(BT_WORD(GEN, BT_S_RUNNING)); /* the consumer ran it */
     core.gen0 = 1;
-    core.nbuckets = 1;
-    core.buckets = buckets;
-    core.opt.drain_threshold = 1000;
-    buckets[0].nearest = INT64_MAX;
-    buckets[0].prune_at = 1000;
-    core.blocks[0] = &slot;
-    core.nblocks = 1;
-    port.tt = &core;
-    slot.slot = TAG << BT_INDEX_BITS;
     slot.deadline = 100;
-    slot.word = BT_WORD(GEN, BT_S_RUNNING); /* the consumer ran it */
 __CPROVER_ASYNC_1:
     owner();
     int cancelled = bt_cancel(&core, id_of(GEN));

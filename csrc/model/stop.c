@@ -14,14 +14,8 @@
  * futex (no thread sleeps here; stopwake.c has the timer thread's side).
  * The core's thread is not started, so bt_stop does not join.
  *
- * The slot directory is one block of one slot, this harness's; as in
- * reuse.c the free list and the bucket's list are not linked in the model
- * copy (CBMC refuses stores of pointers to shared memory): the schedule
- * takes the slot directly, and the drop finds it through the directory.
- * adapt bucket.c: struct bt_timer *t = bk->free;\n    bk->free = t->next;\n    bk->nfree--; => struct bt_timer *t = &slot;
- * adapt bucket.c: t->next = bk->head;\n    bk->head = t;\n    return => return
- * adapt bucket.c: if (bk->free) return 0; => return 0;
- * adapt pool.c: struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) { => struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < 1; i++) {
+ * The core, its one slot and the schedule's take of it are oneslot.h's;
+ * the drop finds the slot through the directory.
  *
  * unwind 2
  * Threads and bounds: one schedule against main's bt_stop and bt_drop_all:
@@ -38,25 +32,15 @@
  * mutation schedule-ignores-stop sc bucket.c: if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) { => if (0) {
  * mutation stop-without-fence sc lifecycle.c: pthread_mutex_lock(&tt->stop_mutex);\n    fence_buckets(tt); => pthread_mutex_lock(&tt->stop_mutex);
  */
-#include "model.h"
+#include "oneslot.h"
 
-static struct bt_timer slot;
-
-#include "../bucket.c"
 #include "../lifecycle.c"
-#include "../pool.c"
-#include "../port.c"
 #include "../wake.c"
 
-#define TAG 1u
-#define GEN 7u
 #define DEADLINE 100
 
 _Thread_local struct bt__pass_frame *bt__passes BT_TLS_IE;
 
-static bt_timer_thread core;
-static struct bt__bucket buckets[1];
-static bt_port port;
 static int payload;
 static volatile int done_scheduler;
 static int schedule_rc, dropped, dropped_right;
@@ -85,18 +69,7 @@ static void scheduler(void) {
 }
 
 int main(void) {
-    core.tag = TAG;
-    core.nbuckets = 1;
-    core.buckets = buckets;
-    core.opt.drain_threshold = 1000;
-    core.nearest = BT_NEVER;
-    buckets[0].nearest = BT_NEVER;
-    buckets[0].prune_at = 1000;
-    core.blocks[0] = &slot;
-    core.nblocks = 1;
-    port.tt = &core;
-    slot.slot = TAG << BT_INDEX_BITS;
-    slot.word = BT_WORD(GEN, BT_S_FREE);
+    oneslot_init(BT_WORD(GEN, BT_S_FREE));
 __CPROVER_ASYNC_1:
     scheduler();
     int stop_rc = bt_stop(&core);
