@@ -2,24 +2,26 @@
 
 Each harness csrc/model/NAME.c includes the core's real C and checks one
 property over every interleaving of its threads; its header comment says
-what, with which bounds, and lists two kinds of lines this script reads:
+what, with which bounds, and lists the lines this script reads:
 
     adapt FILE: OLD => NEW       applied to the model copy of csrc/ always
     unwind N                     the loop bound, instead of 4
-    sc only                      no weak-memory run (the header says why)
     mutation NAME MODEL FILE: OLD => NEW
-                                 applied to a copy for one extra run, which
+                                 applied to a copy for an extra run, which
                                  must FAIL (a counter-example) under MODEL:
-                                 ``sc``, or ``weak`` for an ordering that only
-                                 a weak memory model can show
+                                 ``sc``; ``weak`` for an ordering that only
+                                 a weak memory model can show; ``sc+weak``
+                                 (one run under each) for a step dropped in
+                                 a harness whose orders all come from
+                                 mutexes, to show its weak run can fail too
 
 (OLD and NEW are one line each, ``\\n`` for a line break; OLD must occur
 exactly once in FILE; mutation lines with one NAME make one mutation, applied
 together; lines in the csrc/model/ headers a harness includes count as its
-own.)  Every harness is checked under sequential
-consistency and, unless it says ``sc only``, under CBMC's partial-store-order model (``cbmc --mm pso``:
-stores may overtake stores and loads; fences restore the order), and each
-mutation under the model it names.  The verdicts and times are printed as a
+own.)  Every harness is checked under sequential consistency and under
+CBMC's partial-store-order model (``cbmc --mm pso``: stores may overtake
+stores and loads; fences restore the order), and each mutation under the
+model it names.  The verdicts and times are printed as a
 table; the exit status is 1 if a harness fails or a mutation is not
 caught.
 
@@ -68,15 +70,13 @@ GLOBAL_ADAPT = [
 
 EDIT = re.compile(r"^ \* adapt (\S+): (.*) => (.*)$")
 BOUND = re.compile(r"^ \* unwind (\d+)$")
-SC_ONLY = " * sc only"
-MUTATION = re.compile(r"^ \* mutation (\S+) (sc|weak) (\S+): (.*) => (.*)$")
+MUTATION = re.compile(r"^ \* mutation (\S+) (sc|weak|sc\+weak) (\S+): (.*) => (.*)$")
 
 
 @dataclass
 class Harness:
     name: str
     unwind: int
-    weak: bool
     adapt: list[tuple[str, str, str]]
     mutations: list[tuple[str, str, str, str, str]]
 
@@ -107,7 +107,7 @@ def read_harness(path: Path) -> Harness:
             adapt.append((m[1], unescape(m[2]), unescape(m[3])))
         elif m := MUTATION.match(line):
             mutations.append((m[1], m[2], m[3], unescape(m[4]), unescape(m[5])))
-    return Harness(path.stem, unwind, SC_ONLY not in lines, adapt, mutations)
+    return Harness(path.stem, unwind, adapt, mutations)
 
 
 def apply(tree: Path, file: str, old: str, new: str, every: bool = False) -> None:
@@ -157,8 +157,9 @@ def main(argv: list[str]) -> int:
     if names:
         paths = [p for p in paths if p.stem in names]
     version = subprocess.run(["cbmc", "--version"], capture_output=True, text=True).stdout.strip()
-    weak = "sc" if quick else f"sc, and --mm {WEAK} where a harness allows"
-    print(f"model_check: CBMC {version}; {len(paths)} harnesses; models: {weak}", flush=True)
+    models = ["sc"] if quick else ["sc", "weak"]
+    shown = "sc" if quick else f"sc, --mm {WEAK}"
+    print(f"model_check: CBMC {version}; {len(paths)} harnesses; models: {shown}", flush=True)
     rows: list[tuple[str, str, str, str, float]] = []
     bad = 0
     with tempfile.TemporaryDirectory(prefix="bt-model-") as tmp:
@@ -166,21 +167,22 @@ def main(argv: list[str]) -> int:
         for path in paths:
             h = read_harness(path)
             binary = build(h, work, [])
-            for model in ["sc", "weak"] if h.weak and not quick else ["sc"]:
+            for model in models:
                 print(f"-- {h.name}: {model}", flush=True)
                 verdict, took = check(binary, model, h.unwind)
                 bad += verdict != "ok"
                 rows.append((h.name, "-", model, verdict, took))
-            for name, model in dict.fromkeys((m[0], m[1]) for m in h.mutations):
-                if verify or (quick and model != "sc"):
-                    continue
+            for name, named in dict.fromkeys((m[0], m[1]) for m in h.mutations):
                 edits = [(f, old, new) for n, _, f, old, new in h.mutations if n == name]
-                print(f"-- {h.name}: mutation {name} ({model})", flush=True)
-                verdict, took = check(build(h, work, edits), model, h.unwind)
-                caught = verdict == "FAILED"
-                bad += not caught
-                rows.append((h.name, name, model, "caught" if caught else f"NOT caught ({verdict})",
-                             took))
+                for model in named.split("+"):
+                    if verify or (quick and model != "sc"):
+                        continue
+                    print(f"-- {h.name}: mutation {name} ({model})", flush=True)
+                    verdict, took = check(build(h, work, edits), model, h.unwind)
+                    caught = verdict == "FAILED"
+                    bad += not caught
+                    rows.append((h.name, name, model,
+                                 "caught" if caught else f"NOT caught ({verdict})", took))
     print(f"\n{'harness':<8} {'mutation':<28} {'model':<6} {'verdict':<22} seconds")
     for name, mutation, model, verdict, took in rows:
         shown = WEAK if model == "weak" else model

@@ -22,7 +22,7 @@
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
- * mutation fire-ignores-move sc pass.c: if (w & BT_F_MOVED) return apply_move(tt, t) ? CLAIM_MOVED : CLAIM_DEAD; => (void)0;
+ * mutation fire-ignores-move sc+weak pass.c: if (w & BT_F_MOVED) return apply_move(tt, t) ? CLAIM_MOVED : CLAIM_DEAD; => (void)0;
  * mutation move-not-applied sc pass.c: BT_STORE(t->deadline, BT_LOAD(t->moved_to)); => (void)0;
  */
 #include "slot.h"

@@ -14,17 +14,15 @@
  * drain_threshold cancels, ask for a collect" is a 64-bit remainder that
  * costs CBMC more than the protocol does; the request is stubbed anyway.
  *
- * Sequential consistency only.  Every property of these harnesses is the
- * outcome of read-modify-writes on one word (fire, take, cancel, postpone,
- * the move), which coherence and the RMWs' atomicity fix under any memory
- * model; what a postpone publishes besides the word (moved_to, then the
- * key) is written and read under the home bucket's mutex.  CBMC's PSO
- * encoding of them did not finish here: word.c after 5 minutes, postpone.c
- * after 15 minutes and 11 GB.
+ * Under SC and PSO, with no mutation that only PSO catches: every
+ * property of these harnesses is the outcome of read-modify-writes on one
+ * word (fire, take, cancel, postpone, the move), which coherence and the
+ * RMWs' atomicity fix under any memory model; what a postpone publishes
+ * besides the word (moved_to, then the key) is written and read under the
+ * home bucket's mutex.  A step dropped (sc+weak) shows the PSO run can fail.
  *
  * (tools/model_check.py reads these lines in every harness that includes
  * this file.)
- * sc only
  * adapt pass.c: t->next = c->head;\n    c->head = t;\n    if (!c->tail) c->tail = t;\n    c->n++; => c->n++;
  * adapt bucket.c: if (__builtin_expect(n % tt->opt.drain_threshold == 0, 0)) bt__request_collect(tt); => (void)n;
  */

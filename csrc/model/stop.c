@@ -21,16 +21,15 @@
  * Threads and bounds: one schedule against main's bt_stop and bt_drop_all:
  * 2 threads.
  *
- * Sequential consistency only.  The order the property needs comes from
- * the bucket mutex, which fence_buckets takes after the flag is set, not
- * from an atomic's ordering: the mutations are steps dropped.  CBMC's PSO
- * encoding of this harness ran past 6 minutes and 13 GB here.
- * sc only
+ * Under SC and PSO.  The order the property needs comes from the bucket
+ * mutex, which fence_buckets takes after the flag is set, not from an
+ * atomic's ordering, so the mutations are steps dropped; one of them runs
+ * under PSO too (sc+weak), to show the PSO run can fail.
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
  * mutation schedule-ignores-stop sc bucket.c: if (atomic_load_explicit(&tt->stop, memory_order_relaxed)) { => if (0) {
- * mutation stop-without-fence sc lifecycle.c: pthread_mutex_lock(&tt->stop_mutex);\n    fence_buckets(tt); => pthread_mutex_lock(&tt->stop_mutex);
+ * mutation stop-without-fence sc+weak lifecycle.c: pthread_mutex_lock(&tt->stop_mutex);\n    fence_buckets(tt); => pthread_mutex_lock(&tt->stop_mutex);
  */
 #include "oneslot.h"
 

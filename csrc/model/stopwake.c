@@ -31,16 +31,15 @@
  * Threads and bounds: the timer thread, two rounds, against main's
  * bt_stop: 2 threads.
  *
- * Sequential consistency only.  Everything here is ordered by wake_mutex
- * but the futex words' own reads, which the kernel makes atomic with the
- * sleep.  CBMC's PSO and TSO encodings of this harness each ran past 4
- * minutes here.
- * sc only
+ * Under SC and PSO.  Everything here is ordered by wake_mutex but the
+ * held word's acquire load and the futex words' own reads, which the kernel
+ * makes atomic with the sleep; the mutations are steps dropped, one of them
+ * under PSO too (sc+weak), to show the PSO run can fail.
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
  * mutation stop-no-bump sc wake.c: atomic_store(&tt->stop, 1);\n    atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed); => atomic_store(&tt->stop, 1);
- * mutation stop-no-futex-wake sc wake.c: bt__futex_wake(&tt->nsignals);\n    bt__futex_wake(&tt->held); => bt__futex_wake(&tt->held);
+ * mutation stop-no-futex-wake sc+weak wake.c: bt__futex_wake(&tt->nsignals);\n    bt__futex_wake(&tt->held); => bt__futex_wake(&tt->held);
  * mutation stop-keeps-hold sc wake.c: atomic_store(&tt->held, 0); => (void)0;
  * mutation pass-ignores-stop sc wake.c: int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);\n    tt->asleep = 0; => int stop = 0;\n    tt->asleep = 0;
  */

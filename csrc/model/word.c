@@ -22,7 +22,7 @@
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
- * mutation cancel-running sc bucket.c: if (st != BT_S_PENDING && st != BT_S_POSTED) return BT_TOO_LATE; => if (st != BT_S_PENDING && st != BT_S_POSTED && st != BT_S_RUNNING) return BT_TOO_LATE;
+ * mutation cancel-running sc+weak bucket.c: if (st != BT_S_PENDING && st != BT_S_POSTED) return BT_TOO_LATE; => if (st != BT_S_PENDING && st != BT_S_POSTED && st != BT_S_RUNNING) return BT_TOO_LATE;
  * mutation take-unchecked sc port.c: uint64_t expected = BT_WORD(gen, BT_S_POSTED); => uint64_t expected = w;
  * mutation no-generation sc bucket.c: if (BT_WORD_GEN(w) != gen) return BT_UNKNOWN; => (void)gen;
  */
