@@ -12,8 +12,8 @@ what, with which bounds, and lists the lines this script reads:
                                  ``sc``; ``weak`` for an ordering that only
                                  a weak memory model can show; ``sc+weak``
                                  (one run under each) for a step dropped in
-                                 a harness whose orders all come from
-                                 mutexes, to show its weak run can fail too
+                                 a harness with no ordering to weaken, to
+                                 show that its weak run can fail too
 
 (OLD and NEW are one line each, ``\\n`` for a line break; OLD must occur
 exactly once in FILE; mutation lines with one NAME make one mutation, applied

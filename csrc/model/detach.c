@@ -27,11 +27,12 @@
  * passes, but no weakened ordering here can fail it: CBMC's PSO never lets
  * a read-modify-write (enter's count) pass a later load, as an x86 locked
  * instruction never does, so the post's side is always ordered; the
- * mutations below are steps dropped, caught under SC.
+ * mutations below are steps dropped, caught under SC, and one of them
+ * under PSO too (sc+weak), to show the PSO run can fail.
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
- * mutation no-wait sc port.c: wait_out(&port->users); => (void)0;
+ * mutation no-wait sc+weak port.c: wait_out(&port->users); => (void)0;
  * mutation enter-ignores-detach sc port.c: if (!atomic_load(&port->detached)) return 1; => return 1;
  */
 #include "model.h"

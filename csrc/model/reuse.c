@@ -26,11 +26,12 @@
  * (retire's FREE store, the schedule's PENDING store, the cancel's and the
  * postpone's compare-exchange on the generation), which coherence fixes
  * under any memory model; the PSO run shows it (publish.c checks what the
- * PENDING store publishes).
+ * PENDING store publishes).  One step dropped runs under PSO too (sc+weak),
+ * to show the PSO run can fail.
  *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
- * mutation retire-keeps-generation sc pool.c: uint32_t gen = BT_WORD_GEN(w) + 1; => uint32_t gen = BT_WORD_GEN(w);
+ * mutation retire-keeps-generation sc+weak pool.c: uint32_t gen = BT_WORD_GEN(w) + 1; => uint32_t gen = BT_WORD_GEN(w);
  * mutation cancel-ignores-generation sc bucket.c: if (BT_WORD_GEN(w) != gen) return BT_UNKNOWN; => (void)gen;
  * mutation postpone-ignores-generation sc bucket.c: if (BT_WORD_GEN(w) != gen || BT_WORD_STATE(w) == BT_S_FREE) { => if (BT_WORD_STATE(w) == BT_S_FREE) {
  */

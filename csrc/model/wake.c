@@ -8,7 +8,7 @@
  * every deadline scheduled.
  *
  * Code under test: csrc/wake.c as it is (bt__wake_for on the callers' side,
- * bt__sleep_until on the thread's), with CBMC's pthread mutex.  Stubbed (the
+ * bt__sleep_until on the thread's), with model.h's mutex.  Stubbed (the
  * OS only): the clock reads 0; the futex wait sleeps if and only if the word
  * still holds the expected value, in one step, as the kernel's does; a
  * futex wake wakes a thread that is asleep, and nobody else.
@@ -18,10 +18,14 @@
  * threads, one call each.  A second scheduler adds nothing the first does
  * not show (wake_mutex serialises them) and triples the run time.
  *
+ * Under SC and PSO.  Every order here is wake_mutex's, or the futex's own
+ * check of its word, so the mutations are steps dropped; one of them runs
+ * under PSO too (sc+weak), to show the PSO run can fail.
+ *
  * Mutations (tools/model_check.py applies each to a copy of csrc/; the
  * check must then fail):
  * mutation no-bump sc wake.c: atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);\n    return 1; => return 1;
- * mutation no-futex-wake sc wake.c: if (wake) bt__futex_wake(&tt->nsignals); => (void)wake;
+ * mutation no-futex-wake sc+weak wake.c: if (wake) bt__futex_wake(&tt->nsignals); => (void)wake;
  * mutation nearest-not-lowered sc wake.c: else if (nearest < tt->nearest) tt->nearest = nearest; => else if (nearest < tt->nearest) (void)0;
  */
 #include "model.h"
