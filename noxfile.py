@@ -235,7 +235,8 @@ def model(session: nox.Session) -> None:
     """Model checks of the core's lock-free protocols (csrc/model/, run by
     tools/model_check.py): CBMC over every interleaving of each harness's
     threads, under sequential consistency and partial store order, and each
-    recorded mutation must give a counter-example (about 19 minutes).  In DEBIAN_PYTHON's root, which gets CBMC on first use.
+    recorded mutation must give a counter-example (about 19 minutes).  In
+    DEBIAN_PYTHON's root, which gets CBMC on first use.
     Posargs: harness names, ``quick`` for sequential consistency only,
     ``verify`` to skip the mutations."""
     deb = str(DEBIAN_PYTHON)

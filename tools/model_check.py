@@ -173,12 +173,14 @@ def main(argv: list[str]) -> int:
                 bad += verdict != "ok"
                 rows.append((h.name, "-", model, verdict, took))
             for name, named in dict.fromkeys((m[0], m[1]) for m in h.mutations):
+                runs = [m for m in named.split("+") if not verify and (m == "sc" or not quick)]
+                if not runs:
+                    continue
                 edits = [(f, old, new) for n, _, f, old, new in h.mutations if n == name]
-                for model in named.split("+"):
-                    if verify or (quick and model != "sc"):
-                        continue
+                mutant = build(h, work, edits)
+                for model in runs:
                     print(f"-- {h.name}: mutation {name} ({model})", flush=True)
-                    verdict, took = check(build(h, work, edits), model, h.unwind)
+                    verdict, took = check(mutant, model, h.unwind)
                     caught = verdict == "FAILED"
                     bad += not caught
                     rows.append((h.name, name, model,
