@@ -166,6 +166,7 @@ static int schedule_timer(bt_timer_thread *tt, int64_t deadline, void *target, i
     pthread_mutex_unlock(&bk->mutex);
 
     *out_id = id;
+    if (!native) bt__port_lower_lb(target, deadline);
     if (tt->opt.manual_clock) {
         if (drain) bt__request_collect(tt);
     } else if (earlier || drain) {

@@ -153,8 +153,11 @@ struct bt_port {
     _Atomic int fd;   /* the eventfd; -1 if none */
     _Atomic int detached;
     _Atomic uint32_t users;
+    /* a lower bound of the deadlines of its timers not yet posted: lowered
+     * by a schedule, raised by bt_port_deliver_due (port.c) */
+    _Atomic int64_t due_lb;
     /* consumer side, touched only by the consuming thread */
-    struct bt_timer *batch;
+    struct bt_timer *batch; /* sorted by (deadline, seq): port.c */
     /* consumer counters: single writer, relaxed */
     _Atomic uint64_t ran;
     _Atomic uint64_t dropped; /* taken without running (bt_timer_take) */
@@ -196,14 +199,11 @@ struct bt_timer_thread {
     int64_t nearest;              /* global nearest deadline, under wake_mutex */
     _Atomic uint32_t nsignals;    /* futex word; bumped under wake_mutex */
     _Atomic int stop;
-    /* delivery on request (bt_deliver_due): tickets asked and served, the
-     * tickets the pass in progress serves, and whether the thread sleeps
-     * and until when; under wake_mutex (`serving` and `done` are written by
-     * the thread alone, which may read them without it) */
-    uint64_t deliver_asked, deliver_serving, deliver_done;
-    pthread_cond_t delivered;
-    int asleep;
-    int64_t asleep_until;
+    /* A lower bound of every pending timer's deadline: nothing can be due
+     * before it.  Written under wake_mutex (lowered with `nearest`, set by
+     * the end of every pass), read without a lock by a consumer that asks
+     * whether something might be due (bt_port_deliver_due; wake.c). */
+    _Atomic int64_t floor;
     _Atomic uint32_t held; /* futex word of bt_test_hold: 1 while held */
     /* bt_stop's join, one caller at a time (lifecycle.c, "stop, drop, destroy") */
     pthread_mutex_t stop_mutex;
@@ -214,10 +214,15 @@ struct bt_timer_thread {
 
     /* manual clock */
     _Atomic int64_t manual_now;
-    pthread_mutex_t advance_mutex;  /* one bt_advance at a time */
 
-    /* owned by the timer thread (or the advancing thread); counters have a
-     * single writer and are relaxed atomics so bt_get_stats may read them */
+    /* One pass at a time, whoever runs it: the timer thread, a consumer in
+     * bt_deliver_due, or bt_advance (manual clock).  The timer thread holds
+     * it from the start of a pass until it has decided how long to sleep
+     * (timer_thread.c says why). */
+    pthread_mutex_t pass_mutex;
+
+    /* owned by whoever holds pass_mutex; counters have one writer at a time
+     * and are relaxed atomics so bt_get_stats may read them */
     struct bt__heap heap;
     struct reap_chain *chains; /* per bucket: slots to give back at pass end */
     size_t sweep_cursor;     /* SIZE_MAX: no sweep in progress */
@@ -327,9 +332,12 @@ static inline int bt__forked(const bt_timer_thread *tt) {
 }
 /* Frees everything; the thread, if any, is joined or is the caller. */
 void bt__destroy_now(bt_timer_thread *tt);
+/* timer_thread.c: bt_deliver_due at `now`; without `wait`, -EBUSY rather
+ * than wait for another pass. */
+int bt__deliver_due(bt_timer_thread *tt, int64_t now, int wait);
 
-/* pass.c: run by the timer thread or, in manual-clock mode, by bt_advance
- * under advance_mutex */
+/* pass.c: run under pass_mutex, by the timer thread, by a consumer in
+ * bt_deliver_due, or by bt_advance in manual-clock mode */
 #define BT_SWEEP_SLICE 2048    /* heap positions a sweep examines per slice */
 #define BT_DEAD_POP_SLICE 2048 /* dead heap tops dropped per pass */
 static inline int bt__is_cancelled(struct bt_timer *t) {
@@ -342,9 +350,11 @@ void bt__collect(bt_timer_thread *tt);
 void bt__collect_lists(bt_timer_thread *tt, int sweep_now);
 /* One slice of a sweep in progress (budget SIZE_MAX: all of it). */
 void bt__sweep_some(bt_timer_thread *tt, size_t budget);
-/* Collects if asked, fires what is due at `now`; returns how many fired. */
+/* Collects if asked, fires what is due at `now`; returns how many fired.
+ * A consumer's pass (consumer) runs no native callback: those stay in the
+ * heap for the timer thread (their contract: bucketimer.h). */
 uint64_t bt__one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
-                      int *more);
+                      int consumer, int *more);
 /* Drops cancelled entries from the top of the heap and applies postpones
  * found there, until the top is a live timer at its true deadline (or the
  * heap is empty: NULL). */
@@ -382,6 +392,8 @@ static inline int bt__in_pass_of(const bt_timer_thread *tt) {
  * the orphan port instead), 1 otherwise. */
 int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
 void bt__port_free(bt_port *port);
+/* A schedule of a timer for `port` at `deadline` (bt_port_deliver_due). */
+void bt__port_lower_lb(bt_port *port, int64_t deadline);
 void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);
 
 /* Single-writer counter bump: a relaxed load and store, no lock prefix. */
@@ -415,20 +427,23 @@ void bt__wake_to_stop(bt_timer_thread *tt);
 /* Asks for a collect pass (a full list, or enough cancels), from any
  * thread; in manual-clock mode the caller collects. */
 void bt__request_collect(bt_timer_thread *tt);
-/* The thread, before a pass: 1 if stopped, else whether to collect. */
-int bt__begin_pass(bt_timer_thread *tt, int *do_collect);
-/* The thread, within a pass: whether a wake since the last look asks for a
- * collect at `now` (brpc's pull_again; pass.c). */
+/* Any pass, under pass_mutex: whether the lists must be collected at `now`
+ * (one of their deadlines is due, or a collect was asked); if so the
+ * request is taken. */
+int bt__collect_due(bt_timer_thread *tt, int64_t now);
+/* Any pass: whether a wake since the last look asks for a collect at `now`
+ * (brpc's pull_again; pass.c). */
 int bt__signalled_since(bt_timer_thread *tt, int64_t now);
-/* The thread, after a pass: if it fired everything due (fired_all),
- * answers the delivery requests it took at bt__begin_pass. */
-void bt__end_pass(bt_timer_thread *tt, int fired_all);
-/* The thread: sleeps until `next` or the global nearest if earlier, or
- * until a wake; not at all while a delivery request waits.  1 if stopped. */
+/* A consumer's pass, before it lets pass_mutex go: the floor from `next`,
+ * the heap's top (BT_NEVER: empty). */
+void bt__end_pass(bt_timer_thread *tt, int64_t next);
+/* The thread, under pass_mutex, before a pass: 1 if stopped, else whether
+ * to collect. */
+int bt__begin_pass(bt_timer_thread *tt, int *do_collect);
+/* The thread, under pass_mutex, which it lets go: sleeps until `next` (the
+ * heap's top) or the global nearest if earlier, or until a wake.  1 if
+ * stopped. */
 int bt__sleep_until(bt_timer_thread *tt, int64_t next);
-/* bt_deliver_due's wait for the thread (a real one), `now` read by the
- * caller. */
-int bt__deliver_due(bt_timer_thread *tt, int64_t now);
 /* The global nearest deadline of the lists (a lower bound), or BT_NEVER. */
 int64_t bt__lists_nearest(bt_timer_thread *tt);
 

@@ -140,11 +140,11 @@ static int init_state(bt_timer_thread *tt, const bt_options *opt) {
         tt->buckets[b].prune_at = bt__prune_at(tt, 0);
     }
     pthread_mutex_init(&tt->wake_mutex, NULL);
-    pthread_cond_init(&tt->delivered, NULL);
-    pthread_mutex_init(&tt->advance_mutex, NULL);
+    pthread_mutex_init(&tt->pass_mutex, NULL);
     pthread_mutex_init(&tt->ports_mutex, NULL);
     pthread_mutex_init(&tt->stop_mutex, NULL);
     tt->nearest = BT_NEVER;
+    atomic_init(&tt->floor, BT_NEVER);
     tt->sweep_cursor = SIZE_MAX;
     atomic_init(&tt->manual_now, opt->manual_start_ns);
     return 0;
@@ -196,7 +196,7 @@ int32_t bt_is_stopped(bt_timer_thread *tt) {
  * caller inside a pass of the core -- a native callback of it, or of
  * another core whose pass runs inside one of its callbacks: the thread
  * keeps a stack of them (internal.h) -- runs on the thread itself, or holds
- * the advance lock further down its own stack, and cannot wait for either:
+ * the pass lock further down its own stack, and cannot wait for either:
  * bt_stop from there sets the flag, fences the buckets and returns; the
  * pass stops after that callback, the thread leaves its loop, and the next
  * bt_stop from any other thread (bt_destroy's included) joins it.  A join
@@ -225,11 +225,12 @@ static int join_thread(bt_timer_thread *tt) {
     return 0;
 }
 
-/* Manual clock, the core stopped: an advance in progress has returned once
- * we get its lock, and none starts a pass after (timer_thread.c). */
-static void wait_out_advance(bt_timer_thread *tt) {
-    pthread_mutex_lock(&tt->advance_mutex);
-    pthread_mutex_unlock(&tt->advance_mutex);
+/* The core stopped: a pass in progress on another thread (a consumer's
+ * bt_deliver_due, a bt_advance) has returned once we get its lock, and none
+ * starts after (timer_thread.c). */
+static void wait_out_passes(bt_timer_thread *tt) {
+    pthread_mutex_lock(&tt->pass_mutex);
+    pthread_mutex_unlock(&tt->pass_mutex);
 }
 
 int bt_stop(bt_timer_thread *tt) {
@@ -244,8 +245,8 @@ int bt_stop(bt_timer_thread *tt) {
     fence_buckets(tt);
     int rc = 0;
     if (tt->started) rc = join_thread(tt);
-    else if (tt->opt.manual_clock) wait_out_advance(tt);
     pthread_mutex_unlock(&tt->stop_mutex);
+    if (rc == 0) wait_out_passes(tt);
     return rc;
 }
 
@@ -271,8 +272,7 @@ void bt__destroy_now(bt_timer_thread *tt) {
     bt__pool_destroy(tt);
     for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_destroy(&tt->buckets[b].mutex);
     pthread_mutex_destroy(&tt->wake_mutex);
-    pthread_cond_destroy(&tt->delivered);
-    pthread_mutex_destroy(&tt->advance_mutex);
+    pthread_mutex_destroy(&tt->pass_mutex);
     pthread_mutex_destroy(&tt->ports_mutex);
     pthread_mutex_destroy(&tt->stop_mutex);
     give_tag(tt);

@@ -3,11 +3,12 @@
  * sweep the heap of cancelled entries, fire what is due and hand it to its
  * ports (docs/design.rst, rules 4-8).
  *
- * Everything here runs on the timer thread, or in manual-clock mode under
- * advance_mutex: the heap, the reap chains and the ports' pass batches have
- * exactly one owner.  It takes bucket mutexes (to swap lists and give slots
- * back) and, through wake.c, wake_mutex; never a lock a
- * consumer holds.
+ * Everything here runs under pass_mutex -- on the timer thread, on a
+ * consumer's thread in bt_deliver_due, or in bt_advance (manual clock) -- so
+ * the heap, the reap chains and the ports' pass batches have one owner at a
+ * time.  It takes bucket mutexes (to swap lists and give slots back) and,
+ * through wake.c, wake_mutex; never a lock a consumer holds across a call
+ * into the core.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -346,10 +347,15 @@ static void run_native(bt_timer_thread *tt, struct bt_timer *t, uint64_t *fired,
  * reach the top on the way.  At most dead_budget of those are dropped per
  * call: a million cancelled timers at the top would otherwise hold up, for
  * as long as their slots take to read, a new timer that the next collect
- * would put above them.  Sets *more when it stopped for that reason. */
-static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, int *more) {
+ * would put above them.  Sets *more when it stopped for that reason.  A
+ * consumer's pass leaves native timers to the timer thread: it sets them
+ * aside and puts them back at their keys (the thread's sleep already ends
+ * by then: they were pending when it chose it). */
+static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, int consumer,
+                         int *more) {
     uint64_t fired = 0, posted = 0, total = 0;
     unsigned since_look = 0;
+    struct bt_timer *aside = NULL;
     const struct bt__heap_entry *top;
     *more = 0;
     while ((top = bt__heap_top(&tt->heap)) != NULL) {
@@ -367,6 +373,11 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
         if (top->deadline > now) break; /* rule 6: due means deadline <= now */
         bt__heap_pop(&tt->heap);
         int native = BT_LOAD(t->native);
+        if (native && consumer) {
+            t->next = aside;
+            aside = t;
+            continue;
+        }
         enum claim c = claim_due(tt, t, native);
         if (c == CLAIM_MOVED) bt__heap_push(&tt->heap, t); /* room: it was just popped */
         if (c != CLAIM_FIRED) continue;
@@ -395,13 +406,18 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
         }
     }
     publish_posts(tt, &fired, &posted);
+    while (aside) { /* room: each was popped */
+        struct bt_timer *t = aside;
+        aside = t->next;
+        bt__heap_push(&tt->heap, t);
+    }
     return total;
 }
 
 uint64_t bt__one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
-                         int *more) {
-    if (do_collect) bt__collect_lists(tt, 1);
-    uint64_t fired = fire_due(tt, now, dead_budget, more);
+                      int consumer, int *more) {
+    if (do_collect) bt__collect_lists(tt, !consumer);
+    uint64_t fired = fire_due(tt, now, dead_budget, consumer, more);
     bt__flush_reaped(tt);
     bt__bump(&tt->passes, 1);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);

@@ -65,6 +65,7 @@ int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     atomic_init(&p->signalled, 0);
     atomic_init(&p->detached, 0);
     atomic_init(&p->users, 0);
+    atomic_init(&p->due_lb, BT_NEVER);
     if (with_fd) {
         int rc = open_fd(p);
         if (rc) {
@@ -205,10 +206,57 @@ int32_t bt_port_has_posted(bt_port *port) {
     return port->batch != NULL || atomic_load(&port->stack) != NULL;
 }
 
+/* ---- the consumer's order ---------------------------------------------------
+ * A port runs what it holds in (deadline, seq) order, as asyncio's heap
+ * would, however the timers reached it: each push is one pass's batch in
+ * fire order, but a later pass may post an earlier deadline (a timer
+ * scheduled already due while the loop's thread was busy), and a consumer's
+ * bt_port_deliver_due adds its own.  So the consumer merges what it takes
+ * into its batch: every push is a sorted run (natural merge sort, O(n) for
+ * the usual one run). */
+
+static inline int before(const struct bt_timer *a, const struct bt_timer *b) {
+    int64_t da = BT_LOAD(a->deadline), db = BT_LOAD(b->deadline);
+    return da < db || (da == db && a->seq < b->seq);
+}
+
+static struct bt_timer *merge(struct bt_timer *a, struct bt_timer *b) {
+    struct bt_timer head = {0}, *tail = &head;
+    while (a && b) {
+        if (before(b, a)) {
+            tail->next = b;
+            b = b->next;
+        } else {
+            tail->next = a;
+            a = a->next;
+        }
+        tail = tail->next;
+    }
+    tail->next = a ? a : b;
+    return head.next;
+}
+
+/* Cuts the leading run (in order) off *list; returns it. */
+static struct bt_timer *take_run(struct bt_timer **list) {
+    struct bt_timer *run = *list, *t = run;
+    while (t->next && !before(t->next, t)) t = t->next;
+    *list = t->next;
+    t->next = NULL;
+    return run;
+}
+
+/* Sorts a list by merging its runs, left to right (stable: equal keys keep
+ * their order; none are equal, seq being unique). */
+static struct bt_timer *sort_runs(struct bt_timer *list) {
+    struct bt_timer *sorted = NULL;
+    while (list) sorted = merge(sorted, take_run(&list));
+    return sorted;
+}
+
 bt_timer *bt_port_pop(bt_port *port) {
     if (bt__forked(port->tt)) return NULL; /* the parent's to run */
-    if (!port->batch) {
-        struct bt_timer *s = atomic_exchange(&port->stack, NULL);
+    struct bt_timer *s = atomic_exchange(&port->stack, NULL);
+    if (s) {
         /* reverse: the stack is newest first */
         struct bt_timer *rev = NULL;
         while (s) {
@@ -217,13 +265,42 @@ bt_timer *bt_port_pop(bt_port *port) {
             rev = s;
             s = n;
         }
-        port->batch = rev;
-        if (!rev) return NULL;
+        port->batch = merge(port->batch, sort_runs(rev));
     }
     struct bt_timer *t = port->batch;
+    if (!t) return NULL;
     port->batch = t->next;
     t->next = NULL;
     return t;
+}
+
+/* ---- a consumer's own pass ---------------------------------------------------
+ * due_lb is a lower bound of the deadlines of the port's timers that have
+ * not been posted: each schedule lowers it; only the pass below raises it,
+ * to the floor it leaves, and with a CAS from the value it read first, so
+ * a schedule's lower value in between stands. */
+
+void bt__port_lower_lb(bt_port *port, int64_t deadline) {
+    int64_t lb = atomic_load_explicit(&port->due_lb, memory_order_relaxed);
+    while (deadline < lb && !atomic_compare_exchange_weak_explicit(
+                                &port->due_lb, &lb, deadline, memory_order_release,
+                                memory_order_relaxed)) {
+    }
+}
+
+int bt_port_deliver_due(bt_port *port, int64_t now, int32_t wait) {
+    if (!port) return -EINVAL;
+    bt_timer_thread *tt = port->tt;
+    if (bt__forked(tt)) return -ECHILD;
+    int64_t lb = atomic_load_explicit(&port->due_lb, memory_order_acquire);
+    if (lb > now || atomic_load_explicit(&tt->floor, memory_order_acquire) > now) return 0;
+    int rc = bt__deliver_due(tt, now, wait);
+    if (rc) return rc;
+    int64_t floor = atomic_load_explicit(&tt->floor, memory_order_acquire);
+    if (floor > lb)
+        atomic_compare_exchange_strong_explicit(&port->due_lb, &lb, floor, memory_order_release,
+                                                memory_order_relaxed);
+    return 1;
 }
 
 void bt_port_unpop(bt_port *port, bt_timer *t) {

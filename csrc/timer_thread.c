@@ -5,8 +5,9 @@
  * rules 4, 6 and 9).
  *
  * The loop reads the nearest deadline, the signal counter and the stop flag
- * under wake_mutex, and sleeps expecting that counter; bt_advance and
- * bt_next_deadline hold advance_mutex, so one pass runs at a time.  Each
+ * under wake_mutex, and sleeps expecting that counter.  Every pass holds
+ * pass_mutex: the thread's, a consumer's in bt_deliver_due, bt_advance's;
+ * bt_next_deadline (manual clock) holds it too.  Each
  * thread keeps a stack of the passes it is inside (bt__passes), so a
  * callback that calls them on a core whose pass is below it on the stack
  * never waits for a lock its own thread holds.
@@ -77,24 +78,22 @@ static void leave_pass(struct bt__pass_frame *f) { bt__passes = f->outer; }
  * pass. */
 
 /* Collects if asked, fires what is due, runs a slice of a sweep in
- * progress.  1 if more garbage work is waiting (no sleep before it).
- * *fired_all: the pass fired everything due (it did not stop at its budget
- * of dead entries). */
-static int run_pass(bt_timer_thread *tt, int do_collect, int *fired_all) {
+ * progress.  1 if more garbage work is waiting (no sleep before it). */
+static int run_pass(bt_timer_thread *tt, int do_collect) {
     if (do_collect) bt__collect_lists(tt, 0);
     int more_dead = 0;
     /* The clock is read after the collect: never fire on a stale now. */
-    bt__one_pass(tt, bt_now_ns(), 0, BT_DEAD_POP_SLICE, &more_dead);
-    *fired_all = !more_dead;
+    bt__one_pass(tt, bt_now_ns(), 0, BT_DEAD_POP_SLICE, 0, &more_dead);
     if (tt->sweep_cursor == SIZE_MAX) return more_dead;
     bt__sweep_some(tt, BT_SWEEP_SLICE);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
     return more_dead || tt->sweep_cursor != SIZE_MAX;
 }
 
-/* Sleeps until the heap's top or the lists' nearest deadline, or until a
- * schedule signals an earlier one; a signal that lands between reading the
- * counter and the wait makes the wait return at once.  1 if stopped. */
+/* Under pass_mutex, which it lets go: sleeps until the heap's top or the
+ * lists' nearest deadline, or until a schedule signals an earlier one; a
+ * signal that lands between reading the counter and the wait makes the wait
+ * return at once.  1 if stopped. */
 static int sleep_until_due(bt_timer_thread *tt) {
     const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
     return bt__sleep_until(tt, top ? top->deadline : BT_NEVER);
@@ -121,18 +120,44 @@ int bt_test_hold(bt_timer_thread *tt, int32_t hold) {
     return 0;
 }
 
-/* ---- delivery on request (wake.c has the protocol) ------------------------ */
+/* ---- delivery on request -------------------------------------------------
+ * A consumer that must see what is due now (docs/design.rst, "Order on the
+ * loop") runs a pass itself rather than wait for the thread: under
+ * pass_mutex, the same collect and fire at its own clock reading, native
+ * timers left to the thread.  It cannot make the thread sleep too long: the
+ * thread decides its sleep under pass_mutex (above), from the heap's top and
+ * the lists' nearest, and a pass only moves timers from the lists (none
+ * earlier than the nearest) into the heap, or out of it. */
 
-int bt_deliver_due(bt_timer_thread *tt) {
+/* Under pass_mutex: the consumer's pass at `now`. */
+static void deliver_locked(bt_timer_thread *tt, int64_t now) {
+    int more;
+    bt__one_pass(tt, now, bt__collect_due(tt, now), SIZE_MAX, 1, &more);
+    const struct bt__heap_entry *top = bt__heap_top(&tt->heap);
+    bt__end_pass(tt, top ? top->deadline : BT_NEVER);
+}
+
+int bt__deliver_due(bt_timer_thread *tt, int64_t now, int wait) {
     if (!tt) return -EINVAL;
     if (bt__forked(tt)) return -ECHILD;
     /* Manual clock: what is due was posted by the bt_advance that made it
      * due; nothing else ever fires. */
     if (tt->opt.manual_clock) return 0;
-    /* One of this core's own callbacks: its thread cannot wait for itself. */
+    /* One of this core's own native callbacks: its pass holds the lock. */
     if (bt__in_pass_of(tt)) return -EDEADLK;
-    return bt__deliver_due(tt, bt_now_ns());
+    if (atomic_load_explicit(&tt->stop, memory_order_acquire)) return -ESHUTDOWN;
+    if (atomic_load_explicit(&tt->floor, memory_order_acquire) > now) return 0;
+    if (wait) pthread_mutex_lock(&tt->pass_mutex);
+    else if (pthread_mutex_trylock(&tt->pass_mutex) != 0) return -EBUSY;
+    /* Again under the lock: bt_stop takes it once after setting the flag,
+     * so no pass begins after bt_stop returned. */
+    int rc = atomic_load_explicit(&tt->stop, memory_order_relaxed) ? -ESHUTDOWN : 0;
+    if (rc == 0) deliver_locked(tt, now);
+    pthread_mutex_unlock(&tt->pass_mutex);
+    return rc;
 }
+
+int bt_deliver_due(bt_timer_thread *tt) { return bt__deliver_due(tt, bt_now_ns(), 1); }
 
 void *bt__timer_thread_main(void *arg) {
     bt_timer_thread *tt = arg;
@@ -144,16 +169,21 @@ void *bt__timer_thread_main(void *arg) {
      * thread per process can afford 1 ns. */
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
-    int do_collect = 0, fired_all;
+    int do_collect = 0;
     for (;;) {
         wait_while_held(tt);
-        if (bt__begin_pass(tt, &do_collect)) break;
-        int more = run_pass(tt, do_collect, &fired_all);
-        bt__end_pass(tt, fired_all);
+        pthread_mutex_lock(&tt->pass_mutex);
+        if (bt__begin_pass(tt, &do_collect)) {
+            pthread_mutex_unlock(&tt->pass_mutex);
+            break;
+        }
         /* Garbage left: the next slice comes after another look at what is
          * due, without a sleep. */
-        if (more) continue;
-        if (sleep_until_due(tt)) break;
+        if (run_pass(tt, do_collect)) {
+            pthread_mutex_unlock(&tt->pass_mutex);
+            continue;
+        }
+        if (sleep_until_due(tt)) break; /* (it let the lock go) */
     }
     leave_pass(&frame);
     if (tt->destroy_later) {
@@ -166,7 +196,7 @@ void *bt__timer_thread_main(void *arg) {
 
 /* ---- manual clock (rule 9) ------------------------------------------------ */
 
-/* Under advance_mutex: moves the clock and runs the pass, with this thread
+/* Under pass_mutex: moves the clock and runs the pass, with this thread
  * marked inside it. */
 static uint64_t advance_locked(bt_timer_thread *tt, int64_t now_ns) {
     int64_t cur = atomic_load_explicit(&tt->manual_now, memory_order_relaxed);
@@ -175,7 +205,7 @@ static uint64_t advance_locked(bt_timer_thread *tt, int64_t now_ns) {
     int more;
     struct bt__pass_frame frame;
     enter_pass(&frame, tt);
-    uint64_t fired = bt__one_pass(tt, now_ns, 1, SIZE_MAX, &more);
+    uint64_t fired = bt__one_pass(tt, now_ns, 1, SIZE_MAX, 0, &more);
     leave_pass(&frame);
     return fired;
 }
@@ -192,21 +222,21 @@ int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns) {
      * thread's already, and a pass cannot run inside itself. */
     if (bt__in_pass_of(tt)) return -EDEADLK;
     if (is_stopped(tt)) return -ESHUTDOWN;
-    pthread_mutex_lock(&tt->advance_mutex);
+    pthread_mutex_lock(&tt->pass_mutex);
     /* Again: a bt_stop may have come while we waited for the lock (from a
      * callback of the advance that held it, say).  No pass after a stop. */
     if (is_stopped(tt)) {
-        pthread_mutex_unlock(&tt->advance_mutex);
+        pthread_mutex_unlock(&tt->pass_mutex);
         return -ESHUTDOWN;
     }
     uint64_t fired = advance_locked(tt, now_ns);
     int destroy = tt->destroy_later; /* a callback asked for it */
-    pthread_mutex_unlock(&tt->advance_mutex);
+    pthread_mutex_unlock(&tt->pass_mutex);
     if (destroy) bt__destroy_now(tt);
     return (int64_t)fired;
 }
 
-/* Manual-clock mode, under advance_mutex: exact.  Collects, settles the
+/* Manual-clock mode, under pass_mutex: exact.  Collects, settles the
  * top, reads it. */
 static int64_t next_deadline_locked(bt_timer_thread *tt) {
     bt__collect(tt);
@@ -217,7 +247,7 @@ static int64_t next_deadline_locked(bt_timer_thread *tt) {
 }
 
 /* Manual-clock mode, from a callback of the core's own pass (this thread
- * holds advance_mutex further down its stack): exact too, without the lock
+ * holds pass_mutex further down its stack): exact too, without the lock
  * and without a collect, so that a timer scheduled by a callback still
  * fires at the next bt_advance, not in this one (docs/guarantees.rst,
  * "Order").  The heap's settled top, and the bucket lists read in place. */
@@ -233,9 +263,9 @@ int64_t bt_next_deadline(bt_timer_thread *tt) {
     int64_t next = BT_NEVER;
     if (tt->opt.manual_clock) {
         if (bt__in_pass_of(tt)) return next_deadline_in_pass(tt);
-        pthread_mutex_lock(&tt->advance_mutex);
+        pthread_mutex_lock(&tt->pass_mutex);
         next = next_deadline_locked(tt);
-        pthread_mutex_unlock(&tt->advance_mutex);
+        pthread_mutex_unlock(&tt->pass_mutex);
         return next;
     }
     return bt__lists_nearest(tt);

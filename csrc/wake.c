@@ -9,6 +9,11 @@
  * it.  The thread reads the nearest and the counter together before it
  * sleeps expecting that counter, so a wake that lands in between makes the
  * sleep return at once: no wake is lost.
+ *
+ * Beside them, the floor: a lower bound of every pending deadline, which a
+ * consumer reads without a lock to learn that nothing can be due yet
+ * (bt_port_deliver_due, port.c).  Schedules lower it with the nearest; the
+ * end of each pass sets it to the heap's top or the nearest, the earlier.
  */
 #include <errno.h>
 
@@ -18,8 +23,12 @@
 
 /* Under wake_mutex: makes `nearest` the global nearest if it is earlier, or
  * (collect) asks for a collect whatever it holds.  1 if the thread must be
- * woken; the counter is bumped, the futex wake is the caller's, unlocked. */
+ * woken; the counter is bumped, the futex wake is the caller's, unlocked.
+ * The floor goes down with any deadline, whatever `nearest` holds (a collect
+ * request replaces it). */
 static int lower_locked(bt_timer_thread *tt, int64_t nearest, int collect) {
+    if (!collect && nearest < atomic_load_explicit(&tt->floor, memory_order_relaxed))
+        atomic_store_explicit(&tt->floor, nearest, memory_order_release);
     if (collect) tt->nearest = BT_COLLECT_NOW;
     else if (nearest < tt->nearest) tt->nearest = nearest;
     else return 0;
@@ -38,6 +47,8 @@ int bt__wake_for(bt_timer_thread *tt, int64_t deadline, int collect) {
 void bt__lower_nearest(bt_timer_thread *tt, int64_t deadline) {
     pthread_mutex_lock(&tt->wake_mutex);
     if (deadline < tt->nearest) tt->nearest = deadline;
+    if (deadline < atomic_load_explicit(&tt->floor, memory_order_relaxed))
+        atomic_store_explicit(&tt->floor, deadline, memory_order_release);
     pthread_mutex_unlock(&tt->wake_mutex);
 }
 
@@ -45,44 +56,10 @@ void bt__wake_to_stop(bt_timer_thread *tt) {
     pthread_mutex_lock(&tt->wake_mutex);
     atomic_store(&tt->stop, 1);
     atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
-    pthread_cond_broadcast(&tt->delivered); /* nothing more is delivered */
     atomic_store(&tt->held, 0);             /* a held thread must see the stop */
     pthread_mutex_unlock(&tt->wake_mutex);
     bt__futex_wake(&tt->nsignals);
     bt__futex_wake(&tt->held);
-}
-
-/* ---- delivery on request -------------------------------------------------
- * bt_deliver_due: the caller takes a ticket and waits until a pass that
- * began after the ticket was taken has fired everything due.  Such a pass
- * collects the lists (bt__begin_pass collects while a ticket waits) and
- * reads its clock after the caller's, so it posts every timer due at the
- * caller's `now`.  No wait at all when the thread sleeps until after `now`
- * with the lists' nearest after it too: nothing due is left unposted. */
-
-/* Under wake_mutex: nothing of the core is due at `now` and not yet
- * posted. */
-static int nothing_due_locked(bt_timer_thread *tt, int64_t now) {
-    return tt->asleep && tt->asleep_until > now && tt->nearest > now;
-}
-
-int bt__deliver_due(bt_timer_thread *tt, int64_t now) {
-    pthread_mutex_lock(&tt->wake_mutex);
-    if (atomic_load_explicit(&tt->stop, memory_order_relaxed) || nothing_due_locked(tt, now)) {
-        int stopped = atomic_load_explicit(&tt->stop, memory_order_relaxed);
-        pthread_mutex_unlock(&tt->wake_mutex);
-        return stopped ? -ESHUTDOWN : 0;
-    }
-    uint64_t ticket = ++tt->deliver_asked;
-    atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&tt->wake_mutex);
-    bt__futex_wake(&tt->nsignals);
-    pthread_mutex_lock(&tt->wake_mutex);
-    while (tt->deliver_done < ticket && !atomic_load_explicit(&tt->stop, memory_order_relaxed))
-        pthread_cond_wait(&tt->delivered, &tt->wake_mutex);
-    int rc = tt->deliver_done < ticket ? -ESHUTDOWN : 0;
-    pthread_mutex_unlock(&tt->wake_mutex);
-    return rc;
 }
 
 void bt__request_collect(bt_timer_thread *tt) {
@@ -93,14 +70,14 @@ void bt__request_collect(bt_timer_thread *tt) {
     /* Manual-clock mode: the calling thread collects itself.  If a
      * bt_advance is running (perhaps this very thread, in a native callback)
      * it will collect anyway: never wait for it. */
-    if (pthread_mutex_trylock(&tt->advance_mutex) != 0) return;
+    if (pthread_mutex_trylock(&tt->pass_mutex) != 0) return;
     bt__collect_lists(tt, 1);
     bt__bump(&tt->drains, 1);
     atomic_store_explicit(&tt->heap_size, tt->heap.size, memory_order_relaxed);
-    pthread_mutex_unlock(&tt->advance_mutex);
+    pthread_mutex_unlock(&tt->pass_mutex);
 }
 
-/* ---- the timer thread's side ---------------------------------------------- */
+/* ---- every pass's side (under pass_mutex) ----------------------------------- */
 
 /* Under wake_mutex: whether the lists must be collected at `now` (one of
  * their deadlines is due, or a collect was asked for); if so the request is
@@ -112,60 +89,59 @@ static int collect_requested_locked(bt_timer_thread *tt, int64_t now) {
     return 1;
 }
 
-/* Under wake_mutex: a delivery request is waiting. */
-static int delivery_asked_locked(bt_timer_thread *tt) {
-    return tt->deliver_asked != tt->deliver_done;
-}
-
-int bt__begin_pass(bt_timer_thread *tt, int *do_collect) {
-    pthread_mutex_lock(&tt->wake_mutex);
-    int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
-    tt->asleep = 0;
-    if (!stop) {
-        *do_collect = collect_requested_locked(tt, bt_now_ns());
-        if (delivery_asked_locked(tt) && !*do_collect) {
-            /* the lists are taken whole: their nearest is gone with them */
-            *do_collect = 1;
-            tt->nearest = BT_NEVER;
-        }
-        tt->deliver_serving = tt->deliver_asked;
-        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
-    }
-    pthread_mutex_unlock(&tt->wake_mutex);
-    return stop;
-}
-
-void bt__end_pass(bt_timer_thread *tt, int fired_all) {
-    if (!fired_all || tt->deliver_serving == tt->deliver_done) return;
-    pthread_mutex_lock(&tt->wake_mutex);
-    tt->deliver_done = tt->deliver_serving;
-    pthread_cond_broadcast(&tt->delivered);
-    pthread_mutex_unlock(&tt->wake_mutex);
-}
-
-int bt__signalled_since(bt_timer_thread *tt, int64_t now) {
-    uint32_t n = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
-    if (n == tt->signals_seen) return 0;
-    tt->signals_seen = n;
+int bt__collect_due(bt_timer_thread *tt, int64_t now) {
     pthread_mutex_lock(&tt->wake_mutex);
     int do_collect = collect_requested_locked(tt, now);
     pthread_mutex_unlock(&tt->wake_mutex);
     return do_collect;
 }
 
-int bt__sleep_until(bt_timer_thread *tt, int64_t next) {
-    pthread_mutex_lock(&tt->wake_mutex);
+int bt__signalled_since(bt_timer_thread *tt, int64_t now) {
+    uint32_t n = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+    if (n == tt->signals_seen) return 0;
+    tt->signals_seen = n;
+    return bt__collect_due(tt, now);
+}
+
+/* Under wake_mutex: the floor after a pass whose heap's top is `next`: the
+ * lists' nearest is a lower bound of theirs (a collect request, which hides
+ * it, gives the lowest: the thread comes at once and sets it again). */
+static int64_t set_floor_locked(bt_timer_thread *tt, int64_t next) {
     if (tt->nearest < next) next = tt->nearest;
-    uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+    atomic_store_explicit(&tt->floor, next, memory_order_release);
+    return next;
+}
+
+void bt__end_pass(bt_timer_thread *tt, int64_t next) {
+    pthread_mutex_lock(&tt->wake_mutex);
+    set_floor_locked(tt, next);
+    pthread_mutex_unlock(&tt->wake_mutex);
+}
+
+/* ---- the timer thread's side ------------------------------------------------- */
+
+int bt__begin_pass(bt_timer_thread *tt, int *do_collect) {
+    pthread_mutex_lock(&tt->wake_mutex);
     int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
-    int asked = delivery_asked_locked(tt);
-    if (!asked) {
-        tt->asleep = 1;
-        tt->asleep_until = next;
+    if (!stop) {
+        *do_collect = collect_requested_locked(tt, bt_now_ns());
+        tt->signals_seen = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
     }
     pthread_mutex_unlock(&tt->wake_mutex);
+    return stop;
+}
+
+/* Called with pass_mutex held, which it lets go before the wait: the heap's
+ * top, the nearest and the counter are read with no other pass between the
+ * thread's own and the read (timer_thread.c). */
+int bt__sleep_until(bt_timer_thread *tt, int64_t next) {
+    pthread_mutex_lock(&tt->wake_mutex);
+    next = set_floor_locked(tt, next);
+    uint32_t expected = atomic_load_explicit(&tt->nsignals, memory_order_relaxed);
+    int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->wake_mutex);
+    pthread_mutex_unlock(&tt->pass_mutex);
     if (stop) return 1;
-    if (asked) return 0; /* the next pass serves it */
     int64_t now = bt_now_ns();
     if (next > now) bt__futex_wait(&tt->nsignals, expected, next == BT_NEVER ? -1 : next - now);
     return 0;

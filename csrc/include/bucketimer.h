@@ -220,20 +220,22 @@ int64_t bt_advance(bt_timer_thread *tt, int64_t now_ns);
  * scheduled still fires at the next bt_advance); with a thread, a hint. */
 int64_t bt_next_deadline(bt_timer_thread *tt);
 
-/* Delivers every timer of tt due now: when it returns 0, each timer whose
- * deadline had passed when it was called (and that was scheduled before the
- * call) has been posted to its port or run, native, so a consumer that
- * pops its port now finds them.  A consumer calls this before it queues
- * work of its own that must come after them (docs/design.rst, "Order on the
- * loop").  It waits for the timer thread's next pass unless the thread
- * sleeps until after now with nothing due; call it holding no lock the
- * thread's native callbacks take.  Returns 0, -ESHUTDOWN once stopped,
- * -EDEADLK from one of tt's own native callbacks, -ECHILD after fork;
- * in manual-clock mode 0 at once (bt_advance posts what it makes due). */
+/* Delivers every port timer of tt due now: when it returns 0, each port
+ * timer whose deadline had passed when it was called (and that was
+ * scheduled before the call) has been posted to its port, so a consumer that
+ * pops its port now finds them.  A consumer calls this before it queues work
+ * of its own that must come after them (docs/design.rst, "Order on the
+ * loop").  It runs the pass itself, on the calling thread, unless nothing can
+ * be due (then it takes no lock); it may wait for a pass in progress on
+ * another thread.  Native timers are left to the timer thread.  Call it
+ * holding no lock the thread's native callbacks take.  Returns 0,
+ * -ESHUTDOWN once stopped, -EDEADLK from one of tt's own native callbacks,
+ * -ECHILD after fork; in manual-clock mode 0 at once (bt_advance posts what
+ * it makes due). */
 int bt_deliver_due(bt_timer_thread *tt);
 /* Test only: while held (hold != 0) the timer thread starts no pass, as if
- * it waited for a CPU; bt_deliver_due waits for it.  bt_stop lets it go.
- * -EINVAL in manual-clock mode. */
+ * it waited for a CPU (consumers' bt_deliver_due still runs theirs).
+ * bt_stop lets it go.  -EINVAL in manual-clock mode. */
 int bt_test_hold(bt_timer_thread *tt, int32_t hold);
 
 void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
@@ -277,8 +279,16 @@ void bt_port_ack(bt_port *port);
 void bt_port_signal(bt_port *port);
 /* Nonzero if bt_port_pop would return a timer. */
 int32_t bt_port_has_posted(bt_port *port);
-/* Next posted timer in fire order, or NULL when the port is empty. */
+/* Next posted timer, or NULL when the port is empty.  What a port holds
+ * comes out in (deadline, schedule order), whichever passes posted it. */
 bt_timer *bt_port_pop(bt_port *port);
+/* bt_deliver_due for a consumer of `port` that polled at `now`: if one of
+ * the port's timers may be due at `now` and not yet posted (a lower bound
+ * the port keeps, and the core's), runs the pass (wait: even if another
+ * thread's is in progress; else -EBUSY then).  1 if it ran one, 0 if
+ * nothing of the port's could be due (no lock taken, a few loads), or
+ * bt_deliver_due's errors. */
+int bt_port_deliver_due(bt_port *port, int64_t now, int32_t wait);
 /* Gives back the timer bt_port_pop just returned, unclaimed: the next pop
  * returns it again (a consumer that stops before a timer, e.g. one due after
  * its loop's last poll; it re-signals the port with bt_port_signal). */

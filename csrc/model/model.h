@@ -40,8 +40,7 @@ static inline void model_done(volatile int *flag) {
  * writes them all, 40-odd memory events per lock, which its weak-memory
  * encodings multiply.  The core's mutex fields take this type instead (the
  * macros below apply to the core's files, which every harness includes
- * after this one).  A condition wait is an unlock and a lock, which is what
- * a wait may be (a spurious wake-up).  Nothing here is recursive. */
+ * after this one).  Nothing here is recursive. */
 typedef struct {
     int locked;
 } model_mutex;
@@ -84,18 +83,11 @@ static inline int model_mutex_destroy(model_mutex *m) {
     return 0;
 }
 
-static inline int model_cond_wait(pthread_cond_t *c, model_mutex *m) {
-    (void)c;
-    model_mutex_unlock(m);
-    return model_mutex_lock(m);
-}
-
 #define pthread_mutex_t model_mutex
 #define pthread_mutex_lock model_mutex_lock
 #define pthread_mutex_trylock model_mutex_trylock
 #define pthread_mutex_unlock model_mutex_unlock
 #define pthread_mutex_init model_mutex_init
 #define pthread_mutex_destroy model_mutex_destroy
-#define pthread_cond_wait model_cond_wait
 
 #endif

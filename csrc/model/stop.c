@@ -51,11 +51,6 @@ void bt__futex_wait(_Atomic uint32_t *addr, uint32_t expected, int64_t timeout_n
 
 void bt__futex_wake(_Atomic uint32_t *addr) { (void)addr; }
 
-int pthread_cond_broadcast(pthread_cond_t *c) {
-    (void)c; /* nobody waits for a delivery here */
-    return 0;
-}
-
 static void on_drop(void *ctx, bt_port *p, void *arg) {
     (void)ctx;
     dropped++;

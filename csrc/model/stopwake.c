@@ -15,7 +15,9 @@
  * (wake.c) and sleep_until_due (timer_thread.c).  The thread runs two
  * rounds of bt__timer_thread_main's loop without the pass itself (the
  * pass's own look at the stop flag is the thread's, single-threaded):
- * wait_while_held's loop, bt__begin_pass, sleep_until_due.  A hold (the
+ * wait_while_held's loop, then under pass_mutex bt__begin_pass and
+ * sleep_until_due, which lets it go; bt_stop takes pass_mutex once after
+ * the stop, as it does to wait out a consumer's pass.  A hold (the
  * test hook) is in force at the start or not.  The core's thread is the
  * harness's, not started by the core, so bt_stop does not join it.
  *
@@ -41,7 +43,7 @@
  * mutation stop-no-bump sc wake.c: atomic_store(&tt->stop, 1);\n    atomic_fetch_add_explicit(&tt->nsignals, 1, memory_order_relaxed); => atomic_store(&tt->stop, 1);
  * mutation stop-no-futex-wake sc+weak wake.c: bt__futex_wake(&tt->nsignals);\n    bt__futex_wake(&tt->held); => bt__futex_wake(&tt->held);
  * mutation stop-keeps-hold sc wake.c: atomic_store(&tt->held, 0); => (void)0;
- * mutation pass-ignores-stop sc wake.c: int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);\n    tt->asleep = 0; => int stop = 0;\n    tt->asleep = 0;
+ * mutation pass-ignores-stop sc wake.c: int stop = atomic_load_explicit(&tt->stop, memory_order_relaxed);\n    if (!stop) { => int stop = 0;\n    if (!stop) {
  */
 #include "model.h"
 
@@ -52,11 +54,6 @@
 static bt_timer_thread core;
 static volatile int done_thread, stop_returned;
 static int asleep_on_signals, asleep_on_hold, stuck, pass_after_stop;
-
-int pthread_cond_broadcast(pthread_cond_t *c) {
-    (void)c; /* nobody waits for a delivery here */
-    return 0;
-}
 
 void bt__futex_wait(_Atomic uint32_t *addr, uint32_t expected, int64_t timeout_ns) {
     (void)timeout_ns;
@@ -89,9 +86,13 @@ static void timer_thread(void) {
             bt__futex_wait(&core.held, 1, -1);
         if (stuck) break;
         int after = stop_returned; /* read first: bt_stop had returned */
-        if (bt__begin_pass(&core, &do_collect)) break;
+        pthread_mutex_lock(&core.pass_mutex);
+        if (bt__begin_pass(&core, &do_collect)) {
+            pthread_mutex_unlock(&core.pass_mutex);
+            break;
+        }
         if (after) pass_after_stop = 1;
-        if (sleep_until_due(&core) || stuck) break;
+        if (sleep_until_due(&core) || stuck) break; /* (it let the lock go) */
     }
     model_done(&done_thread);
 }

@@ -59,6 +59,7 @@ void bt__futex_wake(_Atomic uint32_t *addr) {
 }
 
 static void sleeper(void) {
+    pthread_mutex_lock(&core.pass_mutex); /* the thread decides under it */
     (void)bt__sleep_until(&core, HEAP_TOP);
     model_done(&done_sleeper);
 }

@@ -24,7 +24,8 @@
  *                   at once, twice, after a short spin, or around the deadline
  *   from_callbacks  callbacks that schedule (chains of depth 3) and callbacks
  *                   that cancel another timer, racing the workers' cancels
- *   ports           port timers run by a poll()ing consumer thread; cancels
+ *   ports           port timers run by a poll()ing consumer thread, which
+ *                   runs passes of its own (bt_port_deliver_due); cancels
  *                   landing after the post must win over a later claim
  *   stop_race       bt_stop while workers schedule and cancel (native, port,
  *                   chains), then bt_drop_all: ran, cancelled or dropped
@@ -364,6 +365,10 @@ static void *consumer_main(void *arg) {
         bt_port_ack(G.port);
         if (atomic_load_explicit(&G.slow_consumer, memory_order_relaxed) && rand_r(&seed) % 8 == 0)
             usleep(100 + rand_r(&seed) % 300);
+        /* As a loop does after its poll: the pass run here, racing the
+         * timer thread's, the workers' schedules and cancels, and a stop. */
+        int rc = bt_port_deliver_due(G.port, bt_now_ns(), (int32_t)(rand_r(&seed) & 1));
+        if (rc < 0 && rc != -EBUSY && rc != -ESHUTDOWN) count_error("bt_port_deliver_due", -rc);
         bt_timer *t;
         while ((t = bt_port_pop(G.port)) != NULL) consume_one(G.port, t, &seed);
     }

@@ -616,7 +616,7 @@ static void test_stop_and_destroy_inside_advance(void) {
 /* After fork() a child has none of the parent's threads, so a lock one of
  * them held at the fork stays held.  Every call on a core inherited that way
  * must refuse without touching a lock.  White-box: the parent holds the
- * core's ports, wake, stop and bucket mutexes across the fork (as other
+ * core's pass, ports, wake, stop and bucket mutexes across the fork (as other
  * threads might: stats() holds the ports mutex with the GIL released); the
  * child calls everything, under an alarm.  (An earlier core's bt_port_open
  * took the ports mutex in the child and hung.) */
@@ -635,6 +635,7 @@ static void test_fork_child_touches_no_lock_of_an_inherited_core(void) {
     bt_port_ack(p);
     popped = bt_port_pop(p); /* a consumer holds it across the fork */
     CHECK(popped != NULL);
+    pthread_mutex_lock(&tt->pass_mutex); /* a consumer's pass in progress */
     pthread_mutex_lock(&tt->ports_mutex);
     pthread_mutex_lock(&tt->wake_mutex);
     pthread_mutex_lock(&tt->stop_mutex);
@@ -649,6 +650,8 @@ static void test_fork_child_touches_no_lock_of_an_inherited_core(void) {
         bad |= bt_schedule_port(tt, 0, p, NULL, &id) != -ECHILD;
         bad |= bt_cancel(tt, id) != BT_UNKNOWN;
         bad |= bt_next_deadline(tt) != INT64_MAX;
+        bad |= bt_deliver_due(tt) != -ECHILD;
+        bad |= bt_port_deliver_due(p, INT64_MAX, 1) != -ECHILD;
         bad |= !bt_is_stopped(tt);
         bt_get_stats(tt, &s);
         bad |= s.ports != 0;
@@ -668,6 +671,7 @@ static void test_fork_child_touches_no_lock_of_an_inherited_core(void) {
     pthread_mutex_unlock(&tt->stop_mutex);
     pthread_mutex_unlock(&tt->wake_mutex);
     pthread_mutex_unlock(&tt->ports_mutex);
+    pthread_mutex_unlock(&tt->pass_mutex);
     int status = 0;
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
     int hung = WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;

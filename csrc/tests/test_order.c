@@ -331,51 +331,89 @@ static void test_due_timer_does_not_wait_behind_port_posts(void) {
 
 /* ---- delivery on request (bt_deliver_due) ---------------------------------
  * A timer due while the thread is held (bt_test_hold: as if it waited for a
- * CPU) is in its port when bt_deliver_due returns, which waits for the
- * thread; with nothing due it returns at once; a stop ends a wait. */
+ * CPU) is in its port when bt_deliver_due returns: the caller ran the pass
+ * itself.  A native timer due then is left to the thread, which runs it
+ * once let go; a stop ends delivery. */
 
-static void *release_hold_later(void *arg) {
-    test_thread = 1;
-    usleep(20000);
-    CHECK(bt_test_hold(arg, 0) == 0);
-    return NULL;
+static _Atomic int native_ran;
+
+static void native_note(void *arg, uint64_t id) {
+    (void)arg;
+    (void)id;
+    atomic_store(&native_ran, 1);
 }
 
-static void *stop_later(void *arg) {
-    test_thread = 1;
-    usleep(20000);
-    CHECK(bt_stop(arg) == 0);
-    return NULL;
-}
-
-static void test_deliver_due_waits_for_a_held_thread(void) {
+static void test_deliver_due_runs_the_pass_itself(void) {
     bt_timer_thread *tt = threaded_core();
     bt_port *p = open_port(tt);
     int payload;
-    uint64_t id, got[2];
-    pthread_t th;
+    uint64_t id, nid, got[2];
     CHECK(bt_deliver_due(tt) == 0); /* nothing scheduled: at once */
     CHECK(bt_test_hold(tt, 1) == 0);
+    CHECK(bt_schedule_native(tt, bt_now_ns(), native_note, NULL, &nid) == 0);
     CHECK(bt_schedule_port(tt, bt_now_ns() + 1 * MS, p, &payload, &id) == 0);
     usleep(5000);
     CHECK(!bt_port_has_posted(p)); /* due, but the thread is held */
-    CHECK(pthread_create(&th, NULL, release_hold_later, tt) == 0);
     CHECK(bt_deliver_due(tt) == 0);
     CHECK(bt_port_has_posted(p));
     CHECK(bt_port_drain_ids(p, got, 2) == 1 && got[0] == id);
-    pthread_join(th, NULL);
-    /* far away: the thread sleeps past now, nothing to wait for */
+    CHECK(!atomic_load(&native_ran)); /* the thread's, still held */
+    CHECK(bt_test_hold(tt, 0) == 0);
+    _Atomic int *ran = &native_ran;
+    CHECK(wait_flag(ran, 2000 * MS));
+    /* far away: nothing due, nothing posted */
     CHECK(bt_schedule_port(tt, bt_now_ns() + 10000 * MS, p, &payload, &id) == 0);
-    usleep(5000);
     CHECK(bt_deliver_due(tt) == 0);
     CHECK(!bt_port_has_posted(p));
-    CHECK(bt_test_hold(tt, 1) == 0);
-    CHECK(bt_schedule_port(tt, bt_now_ns(), p, &payload, &id) == 0);
-    CHECK(pthread_create(&th, NULL, stop_later, tt) == 0);
+    CHECK(bt_stop(tt) == 0);
     CHECK(bt_deliver_due(tt) == -ESHUTDOWN);
-    pthread_join(th, NULL);
     CHECK(bt_test_hold(tt, 1) == -ESHUTDOWN);
-    CHECK(bt_drop_all(tt, NULL, NULL) == 2);
+    CHECK(bt_drop_all(tt, NULL, NULL) == 1);
+    CHECK(bt_destroy(tt) == 0);
+}
+
+/* bt_port_deliver_due asks the port's bound first: 0 (no pass) while none
+ * of its timers can be due, 1 once one is, and then the timer is posted. */
+static void test_port_deliver_due_bound(void) {
+    bt_timer_thread *tt = threaded_core();
+    bt_port *p = open_port(tt), *q = open_port(tt);
+    int payload;
+    uint64_t id, got[2];
+    CHECK(bt_test_hold(tt, 1) == 0);
+    int64_t now = bt_now_ns();
+    CHECK(bt_port_deliver_due(p, now, 1) == 0); /* nothing scheduled */
+    CHECK(bt_schedule_port(tt, now + 10 * MS, p, &payload, &id) == 0);
+    CHECK(bt_port_deliver_due(p, now, 1) == 0); /* not due yet */
+    CHECK(bt_port_deliver_due(q, now + 20 * MS, 1) == 0); /* q has none */
+    CHECK(bt_port_deliver_due(p, now + 10 * MS - 1, 1) == 0);
+    CHECK(bt_port_deliver_due(p, now + 10 * MS, 1) == 1); /* due: on the dot */
+    CHECK(bt_port_drain_ids(p, got, 2) == 1 && got[0] == id);
+    /* the bound rose with the pass: nothing more of p's is pending */
+    CHECK(bt_port_deliver_due(p, now + 10 * MS, 1) == 0);
+    CHECK(bt_stop(tt) == 0);
+    CHECK(bt_destroy(tt) == 0);
+}
+
+/* What a port holds comes out in (deadline, seq) order, whatever the passes
+ * that posted it: A, due first, is posted and waits (nobody drains); then B,
+ * scheduled with an earlier deadline already past, is posted by a later
+ * pass; the consumer takes B first.  Ties keep schedule order. */
+static void test_port_order_across_passes(void) {
+    bt_timer_thread *tt = threaded_core();
+    bt_port *p = open_port(tt);
+    int payload;
+    uint64_t a, b, c, d, got[4];
+    int64_t now = bt_now_ns();
+    CHECK(bt_schedule_port(tt, now, p, &payload, &a) == 0);
+    CHECK(bt_deliver_due(tt) == 0);
+    CHECK(bt_port_has_posted(p));
+    CHECK(bt_schedule_port(tt, now - 5 * MS, p, &payload, &b) == 0);
+    CHECK(bt_schedule_port(tt, now, p, &payload, &c) == 0);
+    CHECK(bt_schedule_port(tt, now - 5 * MS, p, &payload, &d) == 0);
+    CHECK(bt_deliver_due(tt) == 0);
+    CHECK(bt_port_drain_ids(p, got, 4) == 4);
+    CHECK(got[0] == b && got[1] == d && got[2] == a && got[3] == c);
+    CHECK(bt_stop(tt) == 0);
     CHECK(bt_destroy(tt) == 0);
 }
 
@@ -387,7 +425,9 @@ int main(void) {
         {"due_timer_does_not_wait_behind_a_batch", test_due_timer_does_not_wait_behind_a_batch},
         {"due_timer_does_not_wait_behind_port_posts",
          test_due_timer_does_not_wait_behind_port_posts},
-        {"deliver_due_waits_for_a_held_thread", test_deliver_due_waits_for_a_held_thread},
+        {"deliver_due_runs_the_pass_itself", test_deliver_due_runs_the_pass_itself},
+        {"port_deliver_due_bound", test_port_deliver_due_bound},
+        {"port_order_across_passes", test_port_order_across_passes},
     };
     return RUN_TESTS(tests);
 }

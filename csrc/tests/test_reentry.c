@@ -207,7 +207,7 @@ static void start_y_then_stop(void *arg, uint64_t id) {
     (void)arg;
     (void)id;
     atomic_store(&reached_mutex, 0);
-    atomic_store(&announced_mutex, &race.tt->advance_mutex);
+    atomic_store(&announced_mutex, &race.tt->pass_mutex);
     CHECK(pthread_create(&race.y, NULL, advance_later, NULL) == 0);
     /* Y is past bt_advance's first look at the flag, at the lock we hold. */
     atomic_store(&race.y_reached, wait_flag(&reached_mutex, 5000));

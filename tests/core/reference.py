@@ -27,7 +27,8 @@ core, the model
   those the previous sweep could not find, are more than half of it;
 * posts a due port timer to its port's queue (state ``POSTED``); a cancel
   still wins there (rule 2); :meth:`drain` runs the posted timers that were
-  not cancelled, in fire order, and recycles everything it takes;
+  not cancelled, in (deadline, seq) order whichever passes posted them (a
+  port's order, ``csrc/port.c``), and recycles everything it takes;
 * runs a due *native* timer at once, inside :meth:`advance`, by calling the
   function given to :meth:`schedule_native` with ``(model, id)``; while it
   runs, a cancel of it answers ``TOO_LATE``; after it returns, it is recycled.
@@ -290,9 +291,11 @@ class Reference:
 
     def drain(self, port: int = 0) -> list[int]:
         """``bt_port_drain_ids``: the ids of the posted timers that were not
-        cancelled (they "run"), in fire order; every timer taken is recycled."""
+        cancelled (they "run"), in (deadline, seq) order; every timer taken
+        is recycled."""
         out: list[int] = []
         queue, self._ports[port] = self._ports[port], []
+        queue.sort(key=lambda t: (t.deadline, t.seq))
         for t in queue:
             if t.state == POSTED:
                 out.append(t.id)
