@@ -19,8 +19,47 @@
  */
 #include "module.h"
 
+#include <string.h>
+
 EXT_GC_TRAVERSE(Handle, HandleObject, HANDLE_REFS)
-EXT_GC_CLEAR(Handle, HandleObject, HANDLE_REFS)
+
+/* What a Handle holds of the caller's (its callback and what goes with it)
+ * breaks any cycle through it; its TimerThread and port stay while the core
+ * holds it, for the port's clear, which releases it, to find it whole. */
+static int Handle_clear(HandleObject *self) {
+    HANDLE_CALLBACK_REFS(EXT_CLEAR_REF)
+    if (!self->held) {
+        Py_CLEAR(self->port);
+        Py_CLEAR(self->tt);
+    }
+    return 0;
+}
+
+/* ---- the core's reference (docs/design.rst, "Lifetimes") -------------------
+ * The slot's reference to a Handle is invisible to the cyclic GC, which would
+ * then take every pending Handle -- and what its callback reaches, the loop
+ * often -- for reachable from outside.  So the Handle's port claims it: each
+ * held Handle is on its port's list, which the port's traverse visits.  The
+ * list changes with the GIL held, in the same step as the reference, so the
+ * GC never sees one without the other. */
+
+void ext_handle_hold(HandleObject *h) {
+    PortObject *p = h->port;
+    h->held = 1;
+    h->held_prev = NULL;
+    h->held_next = p->held;
+    if (p->held) p->held->held_prev = h;
+    p->held = h;
+}
+
+void ext_handle_unhold(HandleObject *h) {
+    if (!h->held) return;
+    h->held = 0;
+    if (h->held_prev) h->held_prev->held_next = h->held_next;
+    else h->port->held = h->held_next;
+    if (h->held_next) h->held_next->held_prev = h->held_prev;
+    h->held_prev = h->held_next = NULL;
+}
 
 static void Handle_dealloc(HandleObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -65,6 +104,8 @@ HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double whe
     atomic_init(&h->state, H_PENDING);
     h->cancel_called = 0;
     h->is_timeout = (flags & EXT_SCHED_TIMEOUT) != 0;
+    h->held = 0;
+    h->held_prev = h->held_next = NULL;
     h->weakreflist = NULL;
     PyObject_GC_Track(h);
     if (!h->args || (!h->context && !(flags & EXT_SCHED_TIMEOUT))) {
@@ -74,10 +115,13 @@ HandleObject *ext_handle_new(TimerThreadObject *tt, PortObject *port, double whe
     return h;
 }
 
+static inline int is_loop_handle(HandleObject *h) {
+    return h->tt && Py_TYPE(h) == h->tt->st->LoopHandle_Type;
+}
+
 void ext_handle_keep_when(PyObject *h, PyObject *when) {
-    if (PyLong_CheckExact(when) ||
-        (Py_TYPE(h) == ((HandleObject *)h)->tt->st->LoopHandle_Type && !PyFloat_CheckExact(when)))
-        ((HandleObject *)h)->when_obj = Py_NewRef(when);
+    if (PyLong_CheckExact(when) || (is_loop_handle((HandleObject *)h) && !PyFloat_CheckExact(when)))
+        Py_XSETREF(((HandleObject *)h)->when_obj, Py_NewRef(when));
 }
 
 void ext_handle_when_nan(PyObject *h) { ((HandleObject *)h)->when = NAN; }
@@ -107,6 +151,7 @@ int ext_handle_cancel(HandleObject *self) {
     /* We won the core's CAS: nobody else will touch the callback, and the
      * slot's reference to us is ours to drop. */
     atomic_store_explicit(&self->state, H_CANCELLED, memory_order_release);
+    ext_handle_unhold(self);
     ext_handle_release_callback(self);
     Py_DECREF(self); /* the slot's reference; the caller still holds one */
     return 1;
@@ -151,7 +196,7 @@ static PyObject *Handle_get_id(HandleObject *self, void *Py_UNUSED(c)) {
 }
 
 static PyObject *Handle_get_loop(HandleObject *self, void *Py_UNUSED(c)) {
-    if (!self->port) Py_RETURN_NONE;
+    if (!self->port || !self->port->loop) Py_RETURN_NONE; /* (a GC clear) */
     return Py_NewRef(self->port->loop);
 }
 
@@ -165,20 +210,26 @@ static PyObject *Handle_get_args(HandleObject *self, void *Py_UNUSED(c)) {
     return Py_NewRef(self->args);
 }
 
+/* The callback and `when` are formatted with %R, which runs Python code (a
+ * float subclass's __repr__, the callback's) that may cancel this handle and
+ * so drop its callback: both are held here. */
 static PyObject *Handle_repr(HandleObject *self) {
     static const char *names[] = {"pending", "cancelled", "ran", "dropped"};
-    const char *kind = Py_TYPE(self) == self->tt->st->LoopHandle_Type ? "LoopHandle" : "Handle";
+    const char *kind = strcmp(Py_TYPE(self)->tp_name, "bucketimer._core.LoopHandle") == 0
+                           ? "LoopHandle"
+                           : "Handle";
     int st = atomic_load(&self->state);
-    if (self->callback) {
-        PyObject *when = Handle_when(self, NULL);
-        if (!when) return NULL;
-        PyObject *r = PyUnicode_FromFormat("<bucketimer.%s %s when=%R %R>", kind, names[st], when,
-                                           self->callback);
-        Py_DECREF(when);
-        return r;
-    }
-    return PyUnicode_FromFormat("<bucketimer.%s %s id=%llu>", kind, names[st],
-                                (unsigned long long)self->id);
+    PyObject *cb = Py_XNewRef(self->callback);
+    if (!cb)
+        return PyUnicode_FromFormat("<bucketimer.%s %s id=%llu>", kind, names[st],
+                                    (unsigned long long)self->id);
+    PyObject *when = Handle_when(self, NULL);
+    PyObject *r = when ? PyUnicode_FromFormat("<bucketimer.%s %s when=%R %R>", kind, names[st],
+                                              when, cb)
+                       : NULL;
+    Py_XDECREF(when);
+    Py_DECREF(cb);
+    return r;
 }
 
 #define HANDLE_WHEN_DOC                                                                      \
@@ -325,7 +376,7 @@ int ext_handle_run(HandleObject *h, PyObject *on_error, int drop) {
 }
 
 int ext_handle_postpone(HandleObject *h, double when) {
-    if (bt_postpone(h->tt->core, h->id, bt_deadline_at(when)) != BT_POSTPONED) return 0;
+    if (!h->tt || bt_postpone(h->tt->core, h->id, bt_deadline_at(when)) != BT_POSTPONED) return 0;
     h->when = when;
     Py_CLEAR(h->when_obj);
     return 1;
@@ -336,6 +387,7 @@ void ext_drop_handle(void *ctx, bt_port *port, void *payload) {
     if (!port || !payload) return;
     HandleObject *h = (HandleObject *)payload;
     atomic_store(&h->state, H_DROPPED);
+    ext_handle_unhold(h);
     ext_handle_release_callback(h);
     Py_DECREF(h);
 }

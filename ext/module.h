@@ -147,6 +147,18 @@ static inline ext_state *ext_state_of_type(PyTypeObject *tp) {
 enum handle_state { H_PENDING = 0, H_CANCELLED = 1, H_RAN = 2, H_DROPPED = 3 };
 
 typedef struct TimerThreadObject TimerThreadObject;
+typedef struct HandleObject HandleObject;
+
+/* A selector's select(), noting when each poll returned, and after each
+ * poll delivering what is due to the ports it watches (poll_stamp_type.c). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *selector;
+    PyObject *select;    /* selector.select, bound when made */
+    PyObject *ports;     /* list of the Ports of this selector's loop */
+    long long polled_ns; /* -1 before the first select() returns */
+} PollStampObject;
+#define POLLSTAMP_REFS(X) X(selector) X(select) X(ports)
 
 typedef struct {
     PyObject_HEAD
@@ -155,16 +167,26 @@ typedef struct {
     PyObject *loop;        /* the loop it serves, or None (dispatcher) */
     PyObject *on_error;    /* on_error(handle, exc), or None */
     int drop;              /* drain releases without running (orphans) */
+    int released;          /* detached and its timers cancelled (ext_port_release) */
     _Atomic int draining;
     /* on_slow(callback, args, seconds, slow_after): called after a callback that ran
      * slow_after seconds or longer (None: callbacks are not timed). */
     PyObject *on_slow;
     double slow_after;
+    /* the loop's PollStamp, or NULL: drain() runs what was due by its last
+     * poll (docs/design.rst, "Order on the loop") */
+    PollStampObject *stamp;
+    /* The Handles whose timers the core holds for this port: the slot's
+     * reference to each is the port's to the cyclic GC (its traverse visits
+     * them, its clear cancels them), so a loop and its pending timers are
+     * collected together, as asyncio's loop and its heap are (handle_type.c,
+     * ext_handle_hold). */
+    HandleObject *held;
     PyObject *weakreflist;
 } PortObject;
-#define PORT_REFS(X) X(loop) X(on_error) X(on_slow) X(tt)
+#define PORT_REFS(X) X(loop) X(on_error) X(on_slow) X(stamp) X(tt)
 
-typedef struct {
+struct HandleObject {
     PyObject_HEAD
     TimerThreadObject *tt; /* strong */
     PortObject *port;      /* strong */
@@ -176,26 +198,33 @@ typedef struct {
     PyObject *context;
     _Atomic int state;
     /* A LoopHandle's cancel() was called (its cancelled(), as
-     * asyncio.TimerHandle's, is True from then on, even if it had run).
-     * Both flags are chars, so that when_obj costs a Handle no size class. */
+     * asyncio.TimerHandle's, is True from then on, even if it had run). */
     unsigned char cancel_called;
     /* the callback is a Timeout whose expiry this runs (no bound method) */
     unsigned char is_timeout;
+    /* in its port's `held` list: the core's slot holds a reference */
+    unsigned char held;
+    HandleObject *held_prev, *held_next;
     PyObject *weakreflist;
-} HandleObject;
+};
 #define HANDLE_REFS(X) X(tt) X(port) X(when_obj) X(callback) X(args) X(context)
+/* What Handle_clear clears: tt and port stay while the core holds the
+ * Handle (its port's clear releases it; handle_type.c). */
+#define HANDLE_CALLBACK_REFS(X) X(when_obj) X(callback) X(args) X(context)
 
 struct TimerThreadObject {
     PyObject_HEAD
     bt_timer_thread *core;
     ext_state *st;
-    /* Where timers go (timer_thread_type.c, ext_port_for, owns all three): the
-     * port of each loop served, the dispatcher's (loop None), and the last
-     * (loop, port) looked up, so a loop's timers skip the dict.  The cache
-     * is only used with the GIL. */
-    PyObject *ports;        /* dict: loop -> Port */
+    /* Where timers go (timer_thread_type.c, ext_port_for, owns all three):
+     * the port of each loop served, as {id(loop): weakref(Port)} (a Port is
+     * held by its loop's reader and its pending Handles, never by this
+     * record, so that an unreferenced loop is collected: docs/design.rst,
+     * "Lifetimes"); the dispatcher's (loop None); and the last port looked
+     * up, borrowed (a Port forgets itself here when it goes), so a loop's
+     * timers skip the dict.  The cache is only used with the GIL. */
+    PyObject *ports;
     PortObject *dispatcher; /* NULL until first needed */
-    PyObject *cached_loop;
     PortObject *cached_port;
     int closed;
     /* A close() whose join failed: the core is stopped (nothing runs, nothing
@@ -204,7 +233,7 @@ struct TimerThreadObject {
     int stop_failed;
     PyObject *weakreflist;
 };
-#define TIMERTHREAD_REFS(X) X(ports) X(dispatcher) X(cached_loop) X(cached_port)
+#define TIMERTHREAD_REFS(X) X(ports) X(dispatcher)
 
 
 enum { T_CREATED, T_ENTERED, T_EXPIRING, T_EXPIRED, T_EXITED };
@@ -259,6 +288,9 @@ PyObject *ext_schedule(TimerThreadObject *self, int absolute, double t, PyObject
 
 /* timer_thread_type.c */
 int ext_check_open(TimerThreadObject *self);
+/* A Port going away (collected, or released): the record and the cache
+ * forget it. */
+void ext_forget_port(TimerThreadObject *self, PortObject *port);
 /* The port of `loop` (None: the dispatcher), a new reference. */
 PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop);
 /* The process default TimerThread (borrowed), made anew once closed. */
@@ -282,6 +314,11 @@ void ext_handle_when_nan(PyObject *h);
 /* A Handle the core refused: both its references dropped. */
 void ext_handle_abandon(HandleObject *h);
 void ext_handle_release_callback(HandleObject *self);
+/* The core's slot took a reference to h (bt_schedule_port succeeded): h
+ * goes on its port's held list.  ext_handle_unhold: the slot's reference
+ * leaves the core (a cancel won, a drain claimed it, a drop). */
+void ext_handle_hold(HandleObject *h);
+void ext_handle_unhold(HandleObject *h);
 int ext_handle_cancel(HandleObject *self);
 void ext_drop_handle(void *ctx, bt_port *port, void *payload);
 /* Runs (drop: releases unrun) a handle its port's drain claimed, its
@@ -298,6 +335,14 @@ PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int 
 /* Detaches the port and cancels every timer still bound to it: a port whose
  * loop is gone, or that was refused.  -1 with an exception. */
 int ext_port_release(PortObject *self);
+/* bt_port_deliver_due at `now` with the GIL held: it lets the GIL go only to
+ * wait for another thread's pass.  1 if it ran a pass, 0 if none could be
+ * due or the core refuses (stopped, forked, one of its own callbacks). */
+int ext_port_deliver_due(PortObject *self, int64_t now);
+/* The bound drain() takes by default: the port's loop's last poll (ns), or
+ * -1 (all). */
+int64_t ext_port_drain_bound(PortObject *self);
+
 
 /* scheduler_type.c */
 PyObject *ext_TimerThread_scheduler(TimerThreadObject *self, PyObject *args);

@@ -1,22 +1,20 @@
 /*
- * poll_stamp_type.c -- when the drop-in loop's last poll returned.  A
- * PollStamp wraps the loop's selector: its select() calls the wrapped one
- * and then reads the core's clock into polled_ns, which the loop's port
- * drain takes as its bound (Port.drain(until), port_type.c; why, in
- * docs/design.rst, "Order on the loop").  loop.py subclasses it with the
- * rest of the selector API, which is called far less often.  It is C
- * because select() runs once per loop iteration, timers or not: in Python
- * the wrapper cost an idle iteration about 6% of its time.
+ * poll_stamp_type.c -- a loop's poll, as the core sees it.  A PollStamp
+ * wraps the loop's selector (the drop-in loop's from the start; a stock
+ * selector loop's once bucketimer's timers go to it: _timers.py): its
+ * select() calls the wrapped one, then reads the core's clock into
+ * polled_ns, which the loop's port drain takes as its bound (port_type.c),
+ * and runs the pass for each port it watches whose timers may be due by
+ * then, so that they run in this iteration, as asyncio runs what its heap
+ * holds due (docs/design.rst, "Order on the loop").  _timers.py subclasses
+ * it with the rest of the selector API, which is called far less often.  It
+ * is C because select() runs once per loop iteration, timers or not: in
+ * Python the wrapper cost an idle iteration about 6% of its time; with
+ * nothing due, the look at each port is a few loads.
  */
 #include "module.h"
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *selector;
-    PyObject *select;  /* selector.select, bound when made */
-    long long polled_ns; /* -1 before the first select() returns */
-} PollStampObject;
-#define POLLSTAMP_REFS(X) X(selector) X(select)
+#define EVENT_READ 1 /* selectors.EVENT_READ */
 
 EXT_GC_TRAVERSE(PollStamp, PollStampObject, POLLSTAMP_REFS)
 EXT_GC_CLEAR(PollStamp, PollStampObject, POLLSTAMP_REFS)
@@ -48,14 +46,74 @@ static PyObject *PollStamp_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         Py_DECREF(select);
         return NULL;
     }
+    self->ports = PyList_New(0);
+    if (!self->ports) {
+        Py_DECREF(select);
+        Py_DECREF(self);
+        return NULL;
+    }
     self->selector = Py_NewRef(selector);
     self->select = select;
     self->polled_ns = -1;
     return (PyObject *)self;
 }
 
-/* select(timeout=None): the wrapped selector's answer, passed through; the
- * time is noted only when it returns one (an exception leaves the last). */
+/* 1 if the events a select() returned name `fd` (a SelectorKey is a named
+ * tuple whose second item is the fd), 0 if not or if it cannot tell. */
+static int names_fd(PyObject *ready, long fd) {
+    if (!PyList_Check(ready)) return 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ready); i++) {
+        PyObject *ev = PyList_GET_ITEM(ready, i);
+        PyObject *key = PyTuple_Check(ev) && PyTuple_GET_SIZE(ev) >= 1 ? PyTuple_GET_ITEM(ev, 0) : NULL;
+        PyObject *kfd = key && PyTuple_Check(key) && PyTuple_GET_SIZE(key) >= 2
+                            ? PyTuple_GET_ITEM(key, 1)
+                            : NULL;
+        if (kfd && PyLong_CheckExact(kfd) && PyLong_AsLong(kfd) == fd) return 1;
+    }
+    return 0;
+}
+
+/* Adds (the port's key, EVENT_READ) to the list select() returned, as if
+ * its eventfd had been readable then: the loop queues the port's reader
+ * with this iteration's I/O callbacks.  An error is reported, not raised:
+ * the poll itself went well, and the timers run at the next one. */
+static void add_read_event(PollStampObject *self, PyObject *ready, long fd) {
+    PyObject *key = PyObject_CallMethod(self->selector, "get_key", "l", fd);
+    PyObject *ev = key ? Py_BuildValue("(Ni)", key, EVENT_READ) : NULL;
+    if (ev && PyList_Append(ready, ev) == 0) {
+        Py_DECREF(ev);
+        return;
+    }
+    Py_XDECREF(ev);
+    /* KeyError: its reader is not added yet (it was attached from another
+     * thread; its eventfd's next poll serves) */
+    if (PyErr_ExceptionMatches(PyExc_KeyError)) PyErr_Clear();
+    else PyErr_WriteUnraisable((PyObject *)self);
+}
+
+/* After a poll at `now`: each watched port's timers due by then are posted
+ * (a pass on this thread if the timer thread has not), and a port that holds
+ * posted timers its eventfd's event did not announce gets one.  Ports
+ * detached since are dropped from the list. */
+static void deliver_due(PollStampObject *self, PyObject *ready, int64_t now) {
+    PyObject *ports = Py_NewRef(self->ports);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ports); i++) {
+        PortObject *p = (PortObject *)Py_NewRef(PyList_GET_ITEM(ports, i));
+        long fd = p->tt ? (long)bt_port_fd(p->port) : -1;
+        if (fd < 0) {
+            if (PyList_SetSlice(ports, i, i + 1, NULL) == 0) i--;
+            else PyErr_WriteUnraisable((PyObject *)self);
+        } else {
+            ext_port_deliver_due(p, now);
+            /* (get_key runs Python code: the list is read again after it,
+             * and p is held) */
+            if (bt_port_has_posted(p->port) && !names_fd(ready, fd)) add_read_event(self, ready, fd);
+        }
+        Py_DECREF(p);
+    }
+    Py_DECREF(ports);
+}
+
 static PyObject *PollStamp_select(PollStampObject *self, PyObject *const *args, size_t nargsf,
                                   PyObject *kwnames) {
     PyObject *select = self->select;
@@ -67,14 +125,41 @@ static PyObject *PollStamp_select(PollStampObject *self, PyObject *const *args, 
     Py_INCREF(select);
     PyObject *ready = PyObject_Vectorcall(select, args, PyVectorcall_NARGS(nargsf), kwnames);
     Py_DECREF(select);
-    if (ready) self->polled_ns = (long long)bt_now_ns();
+    if (!ready) return NULL;
+    int64_t now = bt_now_ns();
+    self->polled_ns = (long long)now;
+    if (self->ports && PyList_GET_SIZE(self->ports) && PyList_CheckExact(ready))
+        deliver_due(self, ready, now);
     return ready;
+}
+
+/* _watch(port): the port's loop polls through this selector; the port's
+ * drain is bounded by this poll, and the poll delivers its due timers. */
+static PyObject *PollStamp_watch(PollStampObject *self, PyObject *port) {
+    ext_state *st = ext_state_of_type(Py_TYPE(self));
+    if (!st) return NULL;
+    if (!PyObject_TypeCheck(port, st->Port_Type))
+        return PyErr_Format(PyExc_TypeError, "_watch() takes a Port, not %.100s",
+                            Py_TYPE(port)->tp_name);
+    if (!self->ports) {
+        PyErr_SetString(PyExc_RuntimeError, "PollStamp has no selector (cleared)");
+        return NULL;
+    }
+    PortObject *p = (PortObject *)port;
+    if (p->stamp != self) {
+        Py_XSETREF(p->stamp, (PollStampObject *)Py_NewRef(self));
+        if (PyList_Append(self->ports, port) < 0) return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef PollStamp_methods[] = {
     {"select", (PyCFunction)(void (*)(void))PollStamp_select, METH_FASTCALL | METH_KEYWORDS,
      "select($self, /, timeout=None)\n--\n\n"
-     "The wrapped selector's select(); then notes the time in polled_ns."},
+     "The wrapped selector's select(); then notes the time in polled_ns and delivers the "
+     "watched ports' timers due by then."},
+    {"_watch", (PyCFunction)PollStamp_watch, METH_O,
+     "_watch($self, port, /)\n--\n\nThe loop of `port` polls through this selector."},
     {NULL}};
 
 static PyMemberDef PollStamp_members[] = {

@@ -15,16 +15,49 @@
 
 /* ---- Port --------------------------------------------------------------- */
 
-EXT_GC_TRAVERSE(Port, PortObject, PORT_REFS)
-EXT_GC_CLEAR(Port, PortObject, PORT_REFS)
+/* Besides its fields, a port holds (for the GC) the slot's reference to
+ * each of its pending Handles (module.h, `held`; handle_type.c). */
+static int Port_traverse(PortObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    PORT_REFS(EXT_VISIT_REF)
+    for (HandleObject *h = self->held; h; h = h->held_next) Py_VISIT(h);
+    return 0;
+}
+
+/* Releases what the port holds of the core: its eventfd, and every timer
+ * still bound to it (a detach drops what is queued; bt_port_cancel_all the
+ * rest).  The orphan port holds none of its own.  Once. */
+static void release_quietly(PortObject *self) {
+    if (self->released || self->drop || !self->tt) return;
+    PyObject *exc = PyErr_GetRaisedException();
+    if (ext_port_release(self) < 0) PyErr_WriteUnraisable((PyObject *)self);
+    PyErr_SetRaisedException(exc);
+}
+
+/* The cyclic GC found the port unreachable, and so its loop and its pending
+ * Handles: their timers are cancelled (which drops the core's references,
+ * breaking the cycles through them) before its fields go.  A loop's own
+ * finaliser (asyncio's __del__ closes it, and its close detaches the port)
+ * has usually done this already. */
+static int Port_clear(PortObject *self) {
+    release_quietly(self);
+    if (self->tt) ext_forget_port(self->tt, self);
+    PORT_REFS(EXT_CLEAR_REF)
+    return 0;
+}
 
 static void Port_dealloc(PortObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
-    /* The bt_port itself lives until the core is destroyed: pending timers
-     * may still point at it. */
-    Port_clear(self);
+    /* No Handle refers to it any more (each holds it), so nothing of the
+     * core's is bound to it but its eventfd, closed here.  The bt_port
+     * itself lives until the core is destroyed: a slot released since may
+     * still name it. */
+    if (!self->released && !self->drop && self->tt && bt_port_fd(self->port) >= 0)
+        (void)bt_port_detach(self->port);
+    if (self->tt) ext_forget_port(self->tt, self);
+    PORT_REFS(EXT_CLEAR_REF)
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -79,7 +112,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until) 
     long ran = 0;
     bt_timer *t;
     while ((t = bt_port_pop(self->port)) != NULL) {
-        if (until >= 0 && bt_timer_deadline(t) > until) {
+        if (!drop && until >= 0 && bt_timer_deadline(t) > until) {
             /* Due after the loop's last poll: asyncio would run it in the
              * next iteration, after what this one queues (docs/design.rst,
              * "Order on the loop"). */
@@ -94,6 +127,7 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until) 
         }
         /* The slot's reference to h is ours now. */
         bt_timer_release(self->port, t);
+        ext_handle_unhold(h);
         /* on_error is a writable member: the callback may rebind it before
          * it raises, so the report needs a reference of its own. */
         PyObject *on_error = Py_XNewRef(self->on_error);
@@ -106,9 +140,32 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until) 
             atomic_store(&self->draining, 0);
             return NULL;
         }
+        /* A callback that detached this port (its loop closing, its
+         * TimerThread closed): the rest is released unrun, as the detach
+         * would have done had this drain not been running. */
+        if (!drop && bt_port_fd(self->port) < 0) drop = 1;
     }
     atomic_store(&self->draining, 0);
     return PyLong_FromLong(ran);
+}
+
+int64_t ext_port_drain_bound(PortObject *self) {
+    PollStampObject *stamp = self->stamp;
+    return stamp && stamp->polled_ns >= 0 ? (int64_t)stamp->polled_ns : -1;
+}
+
+int ext_port_deliver_due(PortObject *self, int64_t now) {
+    if (!self->port || bt_port_fd(self->port) < 0) return 0;
+    int rc = bt_port_deliver_due(self->port, now, 0);
+    if (rc == -EBUSY) { /* another thread's pass: wait for it without the GIL */
+        bt_port *p = self->port;
+        Py_INCREF(self); /* keeps the core (self->tt) while we wait */
+        Py_BEGIN_ALLOW_THREADS
+        rc = bt_port_deliver_due(p, now, 1);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(self);
+    }
+    return rc > 0;
 }
 
 static PyObject *Port_drain(PortObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -116,7 +173,7 @@ static PyObject *Port_drain(PortObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_Format(PyExc_TypeError, "drain() takes at most 1 argument (%zd given)", nargs);
         return NULL;
     }
-    int64_t until = -1;
+    int64_t until = nargs == 0 ? ext_port_drain_bound(self) : -1;
     if (nargs == 1 && args[0] != Py_None) {
         if (!PyLong_Check(args[0])) {
             PyErr_Format(PyExc_TypeError, "until must be an int or None, not %.100s",
@@ -136,6 +193,9 @@ static PyObject *Port_drain(PortObject *self, PyObject *const *args, Py_ssize_t 
  * this port) alive until their deadlines.  O(the core's slots): once per
  * loop close. */
 static PyObject *Port_cancel_pending(PortObject *self, PyObject *Py_UNUSED(ignored)) {
+    /* The core holds a timer of this port only while it holds its Handle:
+     * none held, nothing to look for (the common loop close). */
+    if (!self->tt || !self->held) return PyLong_FromLong(0);
     int64_t n = bt_port_cancel_all(self->port, ext_drop_handle, NULL);
     if (n < 0) return ext_raise_errno((int)n, "cancel_pending");
     return PyLong_FromLongLong(n);
@@ -149,13 +209,33 @@ static PyObject *Port_fileno(PortObject *self, PyObject *Py_UNUSED(ignored)) {
  * that come due later go to the core's orphan port.  A detach the core
  * refuses (the orphan port itself; a port of a core inherited through
  * fork()) raises and changes nothing: the queue is not touched. */
+/* A detached port leaves its loop's PollStamp, which would otherwise hold it
+ * (and its loop, in a cycle) for as long as the selector lives. */
+static void unwatch(PortObject *self) {
+    PollStampObject *stamp = self->stamp;
+    if (!stamp) return;
+    self->stamp = NULL;
+    PyObject *ports = stamp->ports;
+    for (Py_ssize_t i = 0; ports && i < PyList_GET_SIZE(ports); i++) {
+        if (PyList_GET_ITEM(ports, i) == (PyObject *)self) {
+            PyObject *exc = PyErr_GetRaisedException();
+            if (PyList_SetSlice(ports, i, i + 1, NULL) < 0) PyErr_WriteUnraisable((PyObject *)self);
+            PyErr_SetRaisedException(exc);
+            break;
+        }
+    }
+    Py_DECREF(stamp);
+}
+
 static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!self->tt) Py_RETURN_NONE; /* cleared by the GC: released then */
     int rc = bt_port_detach(self->port);
     if (rc == -EINVAL) {
         PyErr_SetString(PyExc_ValueError, "the TimerThread's orphan port cannot be detached");
         return NULL;
     }
     if (rc) return ext_raise_errno(rc, "detach");
+    unwatch(self);
     PyObject *r = Port_drain_impl(self, 1, -1);
     if (!r) return NULL;
     Py_DECREF(r);
@@ -163,25 +243,32 @@ static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 int ext_port_release(PortObject *self) {
+    if (self->released) return 0;
     PyObject *r = Port_detach(self, NULL);
     if (!r) return -1;
     Py_DECREF(r);
     r = Port_cancel_pending(self, NULL);
     if (!r) return -1;
     Py_DECREF(r);
+    self->released = 1;
     return 0;
 }
 
 static PyObject *Port_get_loop(PortObject *self, void *Py_UNUSED(c)) {
-    return Py_NewRef(self->loop);
+    return Py_NewRef(self->loop ? self->loop : Py_None); /* (NULL: a GC clear) */
+}
+
+static PyObject *Port_get_stamp(PortObject *self, void *Py_UNUSED(c)) {
+    return Py_NewRef(self->stamp ? (PyObject *)self->stamp : Py_None);
 }
 
 static PyMethodDef Port_methods[] = {
     {"drain", (PyCFunction)(void (*)(void))Port_drain, METH_FASTCALL,
-     "drain($self, until=None, /)\n--\n\n"
-     "Run the posted timers (those due by ``until``, monotonic ns, if given; "
-     "the rest wait for the next drain and the port is signalled again); "
-     "returns how many were taken."},
+     "drain($self, until=<the loop's last poll>, /)\n--\n\n"
+     "Run the posted timers due by ``until`` (monotonic ns; None: all), in (deadline, "
+     "schedule) order; the rest wait for the next drain and the port is signalled again. "
+     "By default, those due by the loop's last poll (stamp), or all.  Returns how many "
+     "were taken."},
     {"fileno", (PyCFunction)Port_fileno, METH_NOARGS,
      "The eventfd that becomes readable when timers are posted (-1 when detached)."},
     {"detach", (PyCFunction)Port_detach, METH_NOARGS,
@@ -193,6 +280,8 @@ static PyMethodDef Port_methods[] = {
 
 static PyGetSetDef Port_getset[] = {
     {"loop", (getter)Port_get_loop, NULL, "The loop served (None: dispatcher).", NULL},
+    {"stamp", (getter)Port_get_stamp, NULL,
+     "The PollStamp of the loop's selector, whose last poll bounds drain(); or None.", NULL},
     {NULL}};
 
 static PyMemberDef Port_members[] = {
@@ -234,7 +323,10 @@ PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int 
     self->on_slow = Py_NewRef(Py_None);
     self->slow_after = 0.1;
     self->drop = drop;
+    self->released = 0;
     atomic_init(&self->draining, 0);
+    self->stamp = NULL;
+    self->held = NULL;
     self->weakreflist = NULL;
     PyObject_GC_Track(self);
     return self;

@@ -66,7 +66,12 @@ static int TimerThread_init(TimerThreadObject *self, PyObject *args, PyObject *k
 }
 
 EXT_GC_TRAVERSE(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
-EXT_GC_CLEAR(TimerThread, TimerThreadObject, TIMERTHREAD_REFS)
+
+static int TimerThread_clear(TimerThreadObject *self) {
+    self->cached_port = NULL;
+    TIMERTHREAD_REFS(EXT_CLEAR_REF)
+    return 0;
+}
 
 /* Stops the core and drops every pending or posted timer without running
  * it.  Returns how many were dropped, or -1 with RuntimeError set if its
@@ -141,11 +146,63 @@ int ext_check_open(TimerThreadObject *self) {
  * A loop's port is opened the first time a timer goes to that loop, recorded
  * in `ports`, then handed to the subclass's _attach, which connects it to
  * the loop (its reader, its close); the dispatcher's port, likewise, once.
- * Only _forget (a loop closing) and a refused _attach take a record away.
- * All of it runs with the GIL held; an allocation or the hook may let it go,
- * so a record is made with setdefault and the first one stays. */
+ * The record holds neither the loop nor the port: the loop holds its port
+ * (its reader), so a loop nobody references is collected with its port, and
+ * the port forgets its record then (ext_forget_port).  _forget (a loop
+ * closing) and a refused _attach take a record away too.  All of it runs
+ * with the GIL held; an allocation or the hook may let it go, so a record is
+ * made with setdefault and the first one stays. */
 
 static inline int port_is_open(PortObject *p) { return bt_port_fd(p->port) >= 0; }
+
+/* The object a weak reference names (a new reference), or NULL once dead. */
+static PyObject *weak_target(PyObject *ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *o = NULL;
+    if (PyWeakref_GetRef(ref, &o) < 0) PyErr_Clear(); /* (always a weakref) */
+    return o;
+#else
+    PyObject *o = PyWeakref_GetObject(ref);
+    return o && o != Py_None ? Py_NewRef(o) : NULL;
+#endif
+}
+
+/* The live port recorded for `loop` (a new reference), NULL if none, or
+ * NULL with an exception.  The keys are ints (no Python code compares
+ * them); a record whose port is gone, or serves another loop that came to
+ * the same address, is none. */
+static PortObject *recorded(TimerThreadObject *self, PyObject *loop) {
+    if (!self->ports) return NULL;
+    PyObject *key = PyLong_FromVoidPtr(loop);
+    if (!key) return NULL;
+    PyObject *ref = PyDict_GetItemWithError(self->ports, key);
+    Py_DECREF(key);
+    PortObject *p = ref ? (PortObject *)weak_target(ref) : NULL;
+    if (p && p->loop != loop) Py_CLEAR(p);
+    return p;
+}
+
+/* Takes the record of `loop` away if it names `port` (NULL: whatever it
+ * names, or a dead one).  Keeps the caller's exception. */
+static void unrecord(TimerThreadObject *self, PyObject *loop, PortObject *port) {
+    if (!self->ports || !loop) return;
+    PyObject *exc = PyErr_GetRaisedException();
+    PyObject *key = PyLong_FromVoidPtr(loop);
+    PyObject *ref = key ? PyDict_GetItemWithError(self->ports, key) : NULL;
+    if (ref) {
+        PyObject *target = weak_target(ref);
+        if (!port || !target || target == (PyObject *)port) (void)PyDict_DelItem(self->ports, key);
+        Py_XDECREF(target);
+    }
+    Py_XDECREF(key);
+    PyErr_Clear();
+    PyErr_SetRaisedException(exc);
+}
+
+void ext_forget_port(TimerThreadObject *self, PortObject *port) {
+    if (self->cached_port == port) self->cached_port = NULL;
+    if (port->loop && port->loop != Py_None) unrecord(self, port->loop, port);
+}
 
 static int check_loop(ext_state *st, PyObject *loop) {
     int ok = PyObject_IsInstance(loop, st->AbstractEventLoop);
@@ -166,20 +223,17 @@ static int loop_is_closed(ext_state *st, PyObject *loop) {
  * the cache's: the port (a new reference), NULL if none, or NULL with an
  * exception. */
 static PortObject *forget(TimerThreadObject *self, PyObject *loop) {
-    if (loop == self->cached_loop) {
-        Py_CLEAR(self->cached_loop);
-        Py_CLEAR(self->cached_port);
-    }
     if (loop == Py_None) {
         PortObject *d = self->dispatcher;
         self->dispatcher = NULL;
+        if (d && self->cached_port == d) self->cached_port = NULL;
         return d;
     }
-    PyObject *p = PyDict_GetItemWithError(self->ports, loop);
-    if (!p) return NULL;
-    Py_INCREF(p);
-    if (PyDict_DelItem(self->ports, loop) < 0) Py_CLEAR(p);
-    return (PortObject *)p;
+    PortObject *p = recorded(self, loop);
+    if (!p && PyErr_Occurred()) return NULL;
+    unrecord(self, loop, NULL);
+    if (p && self->cached_port == p) self->cached_port = NULL;
+    return p;
 }
 
 /* Forgets loop's port and releases it if it is still `port`. */
@@ -199,8 +253,24 @@ static PortObject *record(TimerThreadObject *self, PyObject *loop, PortObject *f
         if (!self->dispatcher) self->dispatcher = (PortObject *)Py_NewRef(fresh);
         return (PortObject *)Py_NewRef(self->dispatcher);
     }
-    PyObject *p = PyDict_SetDefault(self->ports, loop, (PyObject *)fresh);
-    return p ? (PortObject *)Py_NewRef(p) : NULL;
+    if (!self->ports) {
+        PyErr_SetString(PyExc_RuntimeError, "TimerThread is cleared");
+        return NULL;
+    }
+    PyObject *ref = PyWeakref_NewRef((PyObject *)fresh, NULL);
+    if (!ref) return NULL;
+    /* (the weakref's allocation may run the GC, and so Python code: the
+     * record is looked at after it) */
+    PortObject *first = recorded(self, loop);
+    if (first || PyErr_Occurred()) {
+        Py_DECREF(ref);
+        return first;
+    }
+    PyObject *key = PyLong_FromVoidPtr(loop);
+    int rc = key ? PyDict_SetItem(self->ports, key, ref) : -1;
+    Py_XDECREF(key);
+    Py_DECREF(ref);
+    return rc < 0 ? NULL : (PortObject *)Py_NewRef(fresh);
 }
 
 /* A new port for `loop`, recorded and attached. */
@@ -235,16 +305,16 @@ static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
  * reference to it. */
 PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
 #ifndef Py_GIL_DISABLED
-    if (loop == self->cached_loop && port_is_open(self->cached_port))
-        return (PortObject *)Py_NewRef(self->cached_port);
+    PortObject *cached = self->cached_port;
+    if (cached && cached->loop == loop && port_is_open(cached))
+        return (PortObject *)Py_NewRef(cached);
 #endif
     if (loop == Py_None)
         return self->dispatcher ? (PortObject *)Py_NewRef(self->dispatcher)
                                 : open_port(self, loop);
     if (check_loop(self->st, loop) < 0) return NULL;
-    PyObject *known = PyDict_GetItemWithError(self->ports, loop);
-    if (!known && PyErr_Occurred()) return NULL;
-    PortObject *port = (PortObject *)Py_XNewRef(known);
+    PortObject *port = recorded(self, loop);
+    if (!port && PyErr_Occurred()) return NULL;
     int closed = loop_is_closed(self->st, loop);
     if (closed) { /* (or is_closed() raised: its exception stands) */
         if (closed > 0) { /* a loop that closed without its close hook running */
@@ -260,8 +330,7 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
     }
     if (!port && !(port = open_port(self, loop))) return NULL;
 #ifndef Py_GIL_DISABLED
-    Py_XSETREF(self->cached_loop, Py_NewRef(loop));
-    Py_XSETREF(self->cached_port, (PortObject *)Py_NewRef(port));
+    self->cached_port = port; /* borrowed: the port clears it when it goes */
 #endif
     return port;
 }
@@ -270,53 +339,31 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
  * Something queued with loop.call_soon after a deadline passed must come
  * after the timers due by then, as in asyncio's heap; a timer due in the
  * core may still wait for the timer thread or sit in the port, unseen until
- * the loop's next poll.  So the core is asked to post what is due
- * (bt_deliver_due), and if the loop's port then holds anything its drain is
- * queued first.  A loop with no port has no timers to wait for. */
-
-/* When the drop-in loop's last poll returned (loop._bt_polled.polled_ns, an
- * int), or None for a loop that does not say (no _bt_polled, or None): the
- * drain queued here runs what was due by then, as asyncio's heap would have
- * moved it to this iteration's ready queue ahead of the expiry; what fell
- * due since runs after the expiry, in the next iteration (docs/design.rst,
- * "Order on the loop"). */
-static PyObject *polled_ns(PyObject *loop) {
-    PyObject *polled = PyObject_GetAttrString(loop, "_bt_polled");
-    PyObject *ns = polled && polled != Py_None ? PyObject_GetAttrString(polled, "polled_ns")
-                                               : Py_XNewRef(polled);
-    Py_XDECREF(polled);
-    if (!ns) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return NULL;
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    if (!PyLong_Check(ns)) Py_SETREF(ns, Py_NewRef(Py_None));
-    return ns;
-}
+ * the loop's next poll.  So the loop's thread runs the pass for its port
+ * (ext_port_deliver_due), and if the port then holds anything its drain is
+ * queued first, bounded by the loop's last poll: what asyncio's heap would
+ * have moved to this iteration's ready queue ahead of the expiry (what fell
+ * due since runs after it, in the next iteration).  A loop with no port has
+ * no timers to wait for. */
 
 static int deliver_to(TimerThreadObject *self, PyObject *loop) {
-    PyObject *known = PyDict_GetItemWithError(self->ports, loop);
-    if (!known) return PyErr_Occurred() ? -1 : 0;
-    PortObject *port = (PortObject *)Py_NewRef(known);
-    Py_INCREF(self); /* the core lives while we wait, whoever closes it */
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = bt_deliver_due(self->core);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(self);
-    /* stopped or forked: nothing of it will ever run here */
-    int ok = rc == 0 || rc == -ESHUTDOWN || rc == -ECHILD;
-    if (!ok) ext_raise_errno(rc, "bt_deliver_due");
-    if (ok && rc == 0 && port_is_open(port) && bt_port_has_posted(port->port)) {
-        PyObject *until = polled_ns(loop);
-        PyObject *drain = until ? PyObject_GetAttr((PyObject *)port, self->st->str_drain) : NULL;
-        PyObject *h = drain ? PyObject_CallMethodObjArgs(loop, self->st->str_call_soon, drain,
-                                                         until, NULL)
-                            : NULL;
-        Py_XDECREF(until);
-        Py_XDECREF(drain);
-        Py_XDECREF(h);
-        ok = h != NULL;
+    PortObject *port = recorded(self, loop);
+    if (!port) return PyErr_Occurred() ? -1 : 0;
+    int ok = 1;
+    if (port_is_open(port)) {
+        ext_port_deliver_due(port, bt_now_ns());
+        if (bt_port_has_posted(port->port)) {
+            int64_t bound = ext_port_drain_bound(port);
+            PyObject *until = bound >= 0 ? PyLong_FromLongLong(bound) : Py_NewRef(Py_None);
+            PyObject *drain = until ? PyObject_GetAttr((PyObject *)port, self->st->str_drain) : NULL;
+            PyObject *h = drain ? PyObject_CallMethodObjArgs(loop, self->st->str_call_soon, drain,
+                                                             until, NULL)
+                                : NULL;
+            Py_XDECREF(until);
+            Py_XDECREF(drain);
+            Py_XDECREF(h);
+            ok = h != NULL;
+        }
     }
     Py_DECREF(port);
     return ok ? 0 : -1;
@@ -354,8 +401,23 @@ static PyObject *TimerThread_attach(TimerThreadObject *self, PyObject *const *ar
     return NULL;
 }
 
+/* {loop: Port} of the ports alive. */
 static PyObject *TimerThread_get_ports(TimerThreadObject *self, void *Py_UNUSED(c)) {
-    return self->ports ? PyDict_Copy(self->ports) : PyDict_New();
+    PyObject *out = PyDict_New();
+    PyObject *refs = self->ports ? PyDict_Values(self->ports) : NULL;
+    if (!out || (self->ports && !refs)) goto fail;
+    for (Py_ssize_t i = 0; refs && i < PyList_GET_SIZE(refs); i++) {
+        PortObject *p = (PortObject *)weak_target(PyList_GET_ITEM(refs, i));
+        int rc = p && p->loop ? PyDict_SetItem(out, p->loop, (PyObject *)p) : 0;
+        Py_XDECREF(p);
+        if (rc < 0) goto fail;
+    }
+    Py_XDECREF(refs);
+    return out;
+fail:
+    Py_XDECREF(refs);
+    Py_XDECREF(out);
+    return NULL;
 }
 
 static PyObject *TimerThread_get_dispatcher(TimerThreadObject *self, void *Py_UNUSED(c)) {
@@ -484,7 +546,7 @@ static PyMethodDef TimerThread_methods[] = {
 
 static PyGetSetDef TimerThread_getset[] = {
     {"closed", (getter)TimerThread_get_closed, NULL, "True once close() was called.", NULL},
-    {"_ports", (getter)TimerThread_get_ports, NULL, "A copy of {loop: Port}.", NULL},
+    {"_ports", (getter)TimerThread_get_ports, NULL, "{loop: Port} of the loops served.", NULL},
     {"_dispatcher", (getter)TimerThread_get_dispatcher, NULL,
      "The dispatcher's Port, or None before it is needed.", NULL},
     {NULL}};

@@ -1,12 +1,14 @@
 """TimerThread: the Python side of the native core.
 
-The hot path (``call_later``, ``call_at``, ``Handle.cancel``, ``Port.drain``)
-is C, in ``ext/``, and so is the record of where timers go (each loop's port,
-the dispatcher's) and the process-wide default TimerThread.  This module does
-what only Python can, once per loop or once per TimerThread: connecting a new
-port to its consumer (``loop.add_reader``, a hook on ``loop.close``, the
-dispatcher thread for timers scheduled outside any loop), detaching it when
-the loop closes, closing, and what happens at fork() and at exit.
+The hot path (``call_later``, ``call_at``, ``Handle.cancel``, ``Port.drain``,
+the poll's look at what is due) is C, in ``ext/``, and so is the record of
+where timers go (each loop's port, the dispatcher's) and the process-wide
+default TimerThread.  This module does what only Python can, once per loop or
+once per TimerThread: connecting a new port to its consumer
+(``loop.add_reader``, the loop's selector wrapped in a ``PollStamp``, a hook
+on ``loop.close``, the dispatcher thread for timers scheduled outside any
+loop), detaching it when the loop closes, closing (or being collected), and
+what happens at fork() and at exit.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import contextvars
 import math
 import os
 import select
+import selectors
 import threading
 import time
+import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVarTuple, Unpack
 
 from . import _core
@@ -106,7 +110,7 @@ class TimerThread(_core.TimerThread):
             raise RuntimeError("cannot schedule on a closed event loop")
         in_loop = asyncio.events._get_running_loop() is loop
         if in_loop:
-            loop.add_reader(fd, *_reader(loop, port))
+            _connect(loop, port)
         else:
             # Not from inside the loop: its selector is its own thread's
             # (asyncio is not thread-safe, even for a loop that is not
@@ -208,9 +212,11 @@ class TimerThread(_core.TimerThread):
         self._orphan_port = self._orphans()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        # Its fds and a weak reference: the thread holds nothing that would
+        # keep this TimerThread alive (_dispatch).
         t = threading.Thread(
             target=_dispatch,
-            args=(port, self._orphan_port, self._wake_r, weakref.ref(self)),
+            args=(port.fileno(), self._orphan_port.fileno(), self._wake_r, weakref.ref(self)),
             name="bucketimer-dispatcher",
             daemon=True,
         )
@@ -276,6 +282,14 @@ class TimerThread(_core.TimerThread):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        # Collected without close(), as asyncio's loop is: warned, then
+        # closed (its threads stopped, its fds released, its timers dropped).
+        if getattr(self, "_closing", True):
+            return
+        _warn(f"unclosed TimerThread {self!r}", ResourceWarning, source=self)
+        self._close(join_timeout=0.0)
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"
         return f"<bucketimer.TimerThread {state} ports={len(self._ports)}>"
@@ -289,34 +303,99 @@ def _time_callbacks(port: _core.Port, slow_after: float | None) -> None:
 
 
 def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
+    if port.fileno() >= 0 and not loop.is_closed():
+        _connect(loop, port)
+
+
+def _connect(loop: Any, port: _core.Port) -> None:
+    """In the loop's thread: the port's drain becomes the loop's reader of
+    its eventfd, and its poll watches the port (``_poll_stamp``)."""
     fd = port.fileno()
-    if fd >= 0 and not loop.is_closed():
-        loop.add_reader(fd, *_reader(loop, port))
+    # A key left for this fd number by an eventfd closed without its reader
+    # removed (a port released while its loop lived) would take the add for
+    # a modify of a registration the OS has dropped: clear it first.
+    loop.remove_reader(fd)
+    loop.add_reader(fd, port.drain)
+    stamp = _poll_stamp(loop)
+    if stamp is not None:
+        stamp._watch(port)
 
 
-def _reader(loop: Any, port: _core.Port) -> tuple[Any, ...]:
-    """The loop's reader for PORT: its drain, up to the loop's last poll where
-    the loop says when that was (bucketimer.EventLoop), else all of it."""
-    polled = getattr(loop, "_bt_polled", None)
-    return (port.drain,) if polled is None else (_drain_polled, port, polled)
+class PollStamp(_core.PollStamp, selectors.BaseSelector):
+    """A loop's selector, and what its poll tells the core: when its last
+    ``select()`` returned (``polled_ns``, the core's clock, -1 before the
+    first), which bounds the loop's port drain, and, right after each poll,
+    the timers of the loop's ports due by then, posted (the timer thread's
+    pass or one run here) and their reader queued with this iteration's I/O
+    callbacks: asyncio runs a timer in the first iteration whose poll came
+    after its deadline (docs/design.rst, "Order on the loop").  ``select``
+    is ``_core.PollStamp``'s, in C: it runs every iteration."""
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self.selector.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self.selector.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self.selector.modify(fileobj, events, data)
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self.selector.get_key(fileobj)
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self.selector.get_map()
+
+    def close(self) -> None:
+        self.selector.close()
 
 
-def _drain_polled(port: _core.Port, polled: Any) -> None:
-    port.drain(polled.polled_ns)
+def _public_api_forced(name: str) -> bool:
+    """``BUCKETIMER_PUBLIC_API`` as ``ext/compat.c`` reads it: "1" turns every
+    read of private state off, a comma-separated list of names just those."""
+    value = os.environ.get("BUCKETIMER_PUBLIC_API", "")
+    if value in ("", "0"):
+        return False
+    return "_" not in value or name in value.split(",")
+
+
+# Wrapping a stock loop's selector reads and writes asyncio's private
+# ``loop._selector``: only where the loop is asyncio's selector loop and the
+# attribute is a selector, and never with BUCKETIMER_PUBLIC_API; without it
+# the loop's timers reach it through its eventfd alone, up to a timer
+# thread's pass later (docs/design.rst, "Order on the loop").
+_WRAP_SELECTOR = not _public_api_forced("loop_selector")
+
+
+def _poll_stamp(loop: Any) -> PollStamp | None:
+    """The PollStamp ``loop`` polls through: bucketimer's loop's own, or a
+    stock selector loop's selector, wrapped on first use; None for a loop
+    with no selector to wrap (uvloop)."""
+    selector = getattr(loop, "_selector", None)
+    if isinstance(selector, PollStamp):
+        return selector
+    if not (_WRAP_SELECTOR and isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)
+            and isinstance(selector, selectors.BaseSelector)):
+        return None
+    stamp = PollStamp(selector)
+    loop._selector = stamp  # type: ignore[attr-defined]
+    return stamp
 
 
 # How often the dispatcher looks for loops that closed behind our back.
 _AUDIT_PERIOD = 1.0
 
 
-def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -> None:
+def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
     """The dispatcher thread: runs timers that belong to no loop, releases
     (without running) timers whose loop closed before they came due, and
     while its TimerThread serves loops, audits them once a second.  A byte
     on the wake pipe means "look again": at the loops, and at whether the
     TimerThread is closing, when the thread exits.  (No byte carries a
-    meaning of its own: a full pipe drops pokes.)"""
-    fds = [port.fileno(), orphans.fileno(), wake_r]
+    meaning of its own: a full pipe drops pokes.)  Between wakes it holds
+    only fds and a weak reference: a TimerThread nobody references is
+    collected, and its finaliser's close wakes this thread to exit."""
+    fds = [port_fd, orphans_fd, wake_r]
     next_audit = time.monotonic() + _AUDIT_PERIOD
     try:
         while True:
@@ -330,14 +409,14 @@ def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -
                 return
             if wake_r in ready:
                 os.read(wake_r, 4096)
-                tt = tt_ref()
-                closing = tt is None or tt._closing
-                del tt
-                if closing:
-                    return
+            tt = tt_ref()
+            if tt is None or tt._closing:
+                return
             try:
-                port.drain()
-                orphans.drain()
+                if tt._dispatcher is not None:
+                    tt._dispatcher.drain()
+                if tt._orphan_port is not None:
+                    tt._orphan_port.drain()
             except BaseException:  # KeyboardInterrupt/SystemExit from a callback
                 logger.exception("bucketimer dispatcher: callback raised")
             now = time.monotonic()
@@ -345,10 +424,8 @@ def _dispatch(port: _core.Port, orphans: _core.Port, wake_r: int, tt_ref: Any) -
                 next_audit = now + _AUDIT_PERIOD
             elif now >= next_audit:
                 next_audit = now + _AUDIT_PERIOD
-                tt = tt_ref()
-                if tt is not None:
-                    tt._audit_loops()
-                del tt
+                tt._audit_loops()
+            del tt
     finally:
         os.close(wake_r)
 

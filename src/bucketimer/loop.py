@@ -283,35 +283,8 @@ class _NativeTimersMixin:
 
 
 if _backend.NATIVE:
-    from . import _core, _timers
-
-    class _PollStamp(_core.PollStamp, selectors.BaseSelector):
-        """The loop's selector, and when its last ``select()`` returned
-        (``polled_ns``, the core's clock, -1 before the first): asyncio runs a
-        timer in the first iteration whose poll came after its deadline, so the
-        loop's port drains the timers due by then and leaves the rest, due while
-        this iteration's callbacks ran, to the next (docs/design.rst, "Order on
-        the loop").  ``select`` is ``_core.PollStamp``'s, in C: it runs every
-        iteration.  Native backend only: on the pure one the drop-in loop's
-        timers are the host loop's, with no port to bound."""
-
-        def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-            return self.selector.register(fileobj, events, data)
-
-        def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-            return self.selector.unregister(fileobj)
-
-        def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-            return self.selector.modify(fileobj, events, data)
-
-        def get_key(self, fileobj: Any) -> selectors.SelectorKey:
-            return self.selector.get_key(fileobj)
-
-        def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
-            return self.selector.get_map()
-
-        def close(self) -> None:
-            self.selector.close()
+    from . import _timers
+    from ._timers import PollStamp as _PollStamp
 
 
 class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc]
