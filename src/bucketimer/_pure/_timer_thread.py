@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import math
 import time
+import warnings
 from asyncio.events import _get_running_loop
 from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
@@ -149,9 +150,12 @@ class TimerThread:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
+    def __del__(self, _warn: Any = warnings.warn) -> None:
+        # Collected without close(), as asyncio's loop is: warned, then
+        # closed (its threads stopped, its timers dropped).
         sched = getattr(self, "_sched", None)
-        if sched is not None:
+        if sched is not None and not sched.closed:
+            _warn(f"unclosed TimerThread {self!r}", ResourceWarning, source=self)
             sched.close(join_timeout=0.0)
 
     def __repr__(self) -> str:
