@@ -164,3 +164,88 @@ def test_a_timer_due_while_a_callback_holds_the_loop_runs_after_a_passed_timeout
     if request.node.callspec.params["run"] != "uvloop":
         assert expected == [True]
     assert program(t) == expected
+
+
+# -- deadlines that pass between two iterations --------------------------------------
+#
+# asyncio runs a timer in the first iteration whose poll comes after its
+# deadline, however short the deadline: the loop, not a thread, looks at
+# the heap.  bucketimer's timers do the same on asyncio's selector loops
+# (the drop-in loop, and a stock loop once bucketimer's timers go to it):
+# the poll runs the pass for the loop's port when one of its timers may be
+# due (docs/design.rst, "Order on the loop").  On uvloop, whose poll has no
+# such hook, such a timer waits for the timer thread (docs/asyncio.rst,
+# "Deliberate differences").
+
+#: (name, loop factory, patch_asyncio?, helpers): every mode on asyncio's
+#: selector loop; "stock asyncio" is the reference.
+SELECTOR_MODES = [
+    ("stock asyncio", asyncio.SelectorEventLoop, False, IMPLS["asyncio"]),
+    ("helpers on the stock loop", asyncio.SelectorEventLoop, False, IMPLS["bucketimer"]),
+    ("drop-in loop", bucketimer.EventLoop, False, IMPLS["asyncio"]),
+    ("patch_asyncio()", asyncio.SelectorEventLoop, True, None),
+    ("patch_asyncio() + drop-in loop", bucketimer.EventLoop, True, None),
+]
+
+
+def _in_mode(mode: tuple[Any, ...], main: Any) -> Any:
+    """Runs main(helpers) in ``mode``; patched modes look the helpers up on
+    the asyncio package."""
+    _, factory, patched, helpers = mode
+    if patched:
+        bucketimer.patch_asyncio()
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(main(asyncio if patched else helpers))
+    finally:
+        if patched:
+            bucketimer.unpatch_asyncio()
+
+
+@pytest.mark.parametrize("mode", SELECTOR_MODES, ids=[m[0] for m in SELECTOR_MODES])
+def test_a_wait_for_shorter_than_an_iteration_times_out_as_on_asyncio(mode):
+    """``wait_for(coroutine, 1e-6)``: a coroutine that needs K >= 2 loop
+    iterations never finishes first on stock asyncio, whose next iteration
+    runs the timeout's timer; 300 tries for each K, in every mode."""
+
+    async def main(helpers: Any) -> dict[int, int]:
+        async def needs(k: int) -> str:
+            for _ in range(k):
+                await asyncio.sleep(0)
+            return "done"
+
+        timed_out = {}
+        for k in (2, 3, 5, 10):
+            timed_out[k] = 0
+            for _ in range(300):
+                try:
+                    await helpers.wait_for(needs(k), 1e-6)
+                except TimeoutError:
+                    timed_out[k] += 1
+        return timed_out
+
+    assert _in_mode(mode, main) == {2: 300, 3: 300, 5: 300, 10: 300}
+
+
+@pytest.mark.parametrize("mode", SELECTOR_MODES, ids=[m[0] for m in SELECTOR_MODES])
+def test_due_timers_from_separate_passes_run_in_deadline_order(mode):
+    """A timer due at once, then (the loop's thread busy, the timer thread
+    posting each in a pass of its own) one with an earlier deadline already
+    passed: both run in the next iteration, the earlier deadline first, as
+    asyncio's heap has them; 50 tries."""
+
+    async def main(helpers: Any) -> int:
+        loop = asyncio.get_running_loop()
+        earlier_first = 0
+        for _ in range(50):
+            order: list[str] = []
+            loop.call_later(0, order.append, "A")
+            time.sleep(0.003)
+            loop.call_at(loop.time() - 1, order.append, "B")
+            time.sleep(0.003)
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            earlier_first += order == ["B", "A"]
+        return earlier_first
+
+    assert _in_mode(mode, main) == 50
