@@ -342,8 +342,8 @@ static int report(HandleObject *h, PyObject *on_error, PyObject *cb, PyObject *a
     PyObject *exc = PyErr_GetRaisedException();
     int rc = 0;
     /* The handle shows its callback while being reported. */
-    h->callback = Py_NewRef(cb);
-    h->args = Py_NewRef(args);
+    Py_XSETREF(h->callback, Py_NewRef(cb));
+    Py_XSETREF(h->args, Py_NewRef(args));
     if (on_error && on_error != Py_None) {
         PyObject *r = PyObject_CallFunctionObjArgs(on_error, (PyObject *)h, exc, NULL);
         if (r) Py_DECREF(r);

@@ -78,7 +78,10 @@ static int names_fd(PyObject *ready, long fd) {
  * with this iteration's I/O callbacks.  An error is reported, not raised:
  * the poll itself went well, and the timers run at the next one. */
 static void add_read_event(PollStampObject *self, PyObject *ready, long fd) {
-    PyObject *key = PyObject_CallMethod(self->selector, "get_key", "l", fd);
+    PyObject *selector = Py_XNewRef(self->selector);
+    if (!selector) return; /* (cleared) */
+    PyObject *key = PyObject_CallMethod(selector, "get_key", "l", fd);
+    Py_DECREF(selector);
     PyObject *ev = key ? Py_BuildValue("(Ni)", key, EVENT_READ) : NULL;
     if (ev && PyList_Append(ready, ev) == 0) {
         Py_DECREF(ev);

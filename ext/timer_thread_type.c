@@ -615,5 +615,11 @@ TimerThreadObject *ext_default_tt(ext_state *st) {
  * (above, "order on the loop"); none to wait for if there is none yet. */
 int ext_deliver_due(ext_state *st, PyObject *loop) {
     TimerThreadObject *tt = (TimerThreadObject *)st->default_tt;
-    return is_live(tt) ? deliver_to(tt, loop) : 0;
+    if (!is_live(tt)) return 0;
+    /* held: a pass may let the GIL go, and another thread replace the
+     * default meanwhile */
+    Py_INCREF(tt);
+    int rc = deliver_to(tt, loop);
+    Py_DECREF(tt);
+    return rc;
 }
