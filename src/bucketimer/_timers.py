@@ -67,6 +67,9 @@ class TimerThread(_core.TimerThread):
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
         self._closing = False
+        # the dispatcher audits the loops (set under _lock, by the first
+        # loop's _attach; cleared by the dispatcher once there are none)
+        self._audits = False
         self._pid = os.getpid()
         _live.add(self)
 
@@ -101,14 +104,18 @@ class TimerThread(_core.TimerThread):
                 return
             port.on_error = _make_loop_reporter(loop)
             # The dispatcher releases what a closed loop leaves behind, and
-            # looks at the loops while there are any.
+            # looks at the loops while there are any: woken once, when the
+            # first comes (a wake per loop would hand it the GIL each time).
             self._port(None)
-            self._poke_dispatcher()
+            if not self._audits:
+                self._audits = True
+                self._poke_dispatcher()
             closed = self._watch_close(loop)
         fd = port.fileno()
         if closed or fd < 0:  # the loop's close detached it meanwhile
             raise RuntimeError("cannot schedule on a closed event loop")
-        in_loop = asyncio.events._get_running_loop() is loop
+        in_loop = (asyncio.events._get_running_loop() is loop
+                   or loop is getattr(_made, "loop", None))
         if in_loop:
             _connect(loop, port)
         else:
@@ -307,15 +314,30 @@ def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
         _connect(loop, port)
 
 
+#: The loop whose constructor opens its port (``open_port_of``): no other
+#: thread can have it yet, so its reader is added at once.
+_made = threading.local()
+
+
+def open_port_of(loop: Any, tt: TimerThread) -> None:
+    """Called by bucketimer's own loops as they are made: their port is
+    opened and connected then, so that their first timer costs what any
+    other does.  An error leaves it to the first timer, which raises it."""
+    _made.loop = loop
+    try:
+        tt._port(loop)
+    except Exception:
+        pass
+    finally:
+        _made.loop = None
+
+
 def _connect(loop: Any, port: _core.Port) -> None:
     """In the loop's thread: the port's drain becomes the loop's reader of
     its eventfd, and its poll watches the port (``_poll_stamp``)."""
-    fd = port.fileno()
-    # A key left for this fd number by an eventfd closed without its reader
-    # removed (a port released while its loop lived) would take the add for
-    # a modify of a registration the OS has dropped: clear it first.
-    loop.remove_reader(fd)
-    loop.add_reader(fd, port.drain)
+    # (no key of a closed eventfd can be left for this fd number: every path
+    # that detaches the port of a live loop removes its reader first)
+    loop.add_reader(port.fileno(), port.drain)
     stamp = _poll_stamp(loop)
     if stamp is not None:
         stamp._watch(port)
@@ -395,19 +417,24 @@ def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
     meaning of its own: a full pipe drops pokes.)  Between wakes it holds
     only fds and a weak reference: a TimerThread nobody references is
     collected, and its finaliser's close wakes this thread to exit."""
-    fds = [port_fd, orphans_fd, wake_r]
+    # poll, not select: a process may hold fds past FD_SETSIZE (1024)
+    poller = select.poll()
+    for fd in (port_fd, orphans_fd, wake_r):
+        poller.register(fd, select.POLLIN)
     next_audit = time.monotonic() + _AUDIT_PERIOD
     try:
         while True:
             tt = tt_ref()
-            serves_loops = tt is not None and bool(tt._ports)
+            serves_loops = tt is not None and tt._audits
             del tt
             timeout = max(0.0, next_audit - time.monotonic()) if serves_loops else None
             try:
-                ready, _, _ = select.select(fds, [], [], timeout)
-            except (OSError, ValueError):  # an fd was closed under us: closing
+                events = poller.poll(None if timeout is None else timeout * 1000)
+            except OSError:  # pragma: no cover - poll fails only when out of memory
                 return
-            if wake_r in ready:
+            if any(mask & select.POLLNVAL for _, mask in events):
+                return  # an fd was closed under us: closing
+            if any(fd == wake_r for fd, _ in events):
                 os.read(wake_r, 4096)
             tt = tt_ref()
             if tt is None or tt._closing:
@@ -425,6 +452,9 @@ def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
             elif now >= next_audit:
                 next_audit = now + _AUDIT_PERIOD
                 tt._audit_loops()
+                with tt._lock:  # none left: sleep until the next first loop
+                    if not tt._ports:
+                        tt._audits = False
             del tt
     finally:
         os.close(wake_r)
@@ -491,6 +521,23 @@ def _close_all_at_exit() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
+
+
+def _start_default() -> None:
+    """The default TimerThread and its dispatcher, made in the background at
+    import so that the first timer finds them running (making them costs a
+    few hundred microseconds, most of it the dispatcher thread's start).
+    A failure is left to the first timer, which raises it."""
+    try:
+        default_timer_thread()._port(None)
+    except Exception:  # pragma: no cover - the first timer reports it
+        pass
+
+
+# BUCKETIMER_LAZY_START=1: the first timer makes them instead (no thread
+# at import; docs/asyncio.rst, "The first timer").
+if os.environ.get("BUCKETIMER_LAZY_START", "") in ("", "0"):
+    threading.Thread(target=_start_default, name="bucketimer-start", daemon=True).start()
 
 # The native module makes the default (and the timeouts' TimerThread) of this class.
 _core._set_default_class(TimerThread)

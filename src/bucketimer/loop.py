@@ -303,6 +303,11 @@ class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[
             polled = selector = _PollStamp(selector or selectors.DefaultSelector())
         super().__init__(selector)
         self._bt_init(timer_thread, polled)
+        if self._bt_native():
+            # its port now, not on its first timer (_timers.open_port_of;
+            # not on uvloop, which warns of a reader left on a loop dropped
+            # unrun)
+            _timers.open_port_of(self, self.timer_thread)
 
 
 def new_event_loop() -> EventLoop:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 
@@ -139,3 +140,18 @@ def test_an_exit_with_nothing_pending_says_nothing() -> None:
     """)
     check_ok(p)
     assert p.stderr == ""
+
+
+def test_the_dispatcher_serves_fds_past_fd_setsize() -> None:
+    """A process that holds more than 1024 fds (a server with that many
+    connections) and then makes a TimerThread: its dispatcher's fds are past
+    select()'s FD_SETSIZE, and its no-loop timers still run."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with bucketimer.TimerThread() as tt:
+            ran = threading.Event()
+            tt.call_later(0, ran.set)
+            assert ran.wait(5)
+    finally:
+        for fd in held:
+            os.close(fd)

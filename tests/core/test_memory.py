@@ -208,7 +208,12 @@ N = 1_000_000
 handles = [None] * N
 # Holes the size of a Handle, which can take Handles but no 64 KiB block:
 # under the limit, the Python side keeps allocating, the pool cannot grow.
-ballast = [bytes(70) for _ in range(2 * N)]
+# (a bytes object of the Handle's pymalloc size class: 8 bytes short of it)
+probe = tt.call_later(1e9, noop, context=ctx)
+hole = sys.getsizeof(probe) - sys.getsizeof(b"") - 8
+probe.cancel()  # (its slot is the next schedule's)
+del probe
+ballast = [bytes(hole) for _ in range(2 * N)]
 del ballast[::2]
 resource.setrlimit(resource.RLIMIT_AS, (vmsize() + (1 << 20), hard))
 n = 0
