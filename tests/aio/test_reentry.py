@@ -208,6 +208,29 @@ PROGRAMS = {
         """,
         "TimeoutError True True\n",
     ),
+    # The value a wait_for() returned is let go of while the next one's end
+    # is raised (3.12-3.14 raise one StopIteration again and again), and
+    # its __del__ ends another wait_for(): the next one returned its value.
+    "a returned value's __del__ ends another coroutine": (
+        """
+        async def returns(v):
+            return v
+
+        class D:
+            def __del__(self):
+                try:
+                    next(aio.wait_for(returns("inner"), 10).__await__())
+                except StopIteration:
+                    pass
+
+        async def main():
+            await aio.wait_for(returns(D()), 10)
+            print(await aio.wait_for(returns("outer"), 10))
+
+        run(main)
+        """,
+        "outer\n",
+    ),
 }
 
 
