@@ -42,38 +42,34 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
     reschedule made by code that arming runs (``loop.time()``, the loop's
     ``call_at``) wins over that arming, as on the native backend."""
 
-    # reschedules begun: an arming that sees this change was overtaken
-    _reschedules = 0
-
     def reschedule(self, when: float | None) -> None:
         me: Any = self  # (typeshed does not declare asyncio's private members)
         if me._state is not _ENTERED:
             _asyncio_reschedule(self, when)  # asyncio's RuntimeError
-        me._reschedules = mine = me._reschedules + 1
-
-        def overtaken() -> bool:
-            return me._reschedules != mine or me._state is not _ENTERED
-
+        # Python code runs below (the old deadline's __del__, a handle's
+        # cancel(), loop.time(), the comparison, call_at): a reschedule or
+        # exit made there overtakes this one (it changed the state or the
+        # deadline), which then leaves the expiry as that call left it.
         me._when = when
         handler = me._timeout_handler
         if handler is not None:
             me._timeout_handler = None
             handler.cancel()
-        if when is None or overtaken():
+        if when is None or me._when is not when or me._state is not _ENTERED:
             return
         loop = events.get_running_loop()
         reached = when <= loop.time()
         if type(when) is float and when != when:  # NaN: due at once
             reached = True
-        if overtaken():
+        if me._when is not when or me._state is not _ENTERED or me._timeout_handler is not None:
             return
         if reached:
             deliver_due(loop)
             handler = loop.call_soon(me._on_timeout)
         else:
             handler = loop.call_at(when, me._on_timeout)
-        if overtaken():  # what overtook it stands; this one never fires
-            handler.cancel()
+        if me._when is not when or me._state is not _ENTERED or me._timeout_handler is not None:
+            handler.cancel()  # what overtook it stands; this one never fires
             return
         me._timeout_handler = handler
 
