@@ -51,6 +51,32 @@ def gone(ref):
     return ref() is None
 """
 
+# A Task whose `method` reschedules the Timeout far ahead, once.
+TASK_RESCHEDULES = """
+state = {{}}
+
+class T(asyncio.Task):
+    def {method}(self, *args, **kwargs):
+        cm = state.pop("cm", None)
+        if cm is not None:
+            cm.reschedule(asyncio.get_running_loop().time() + 1000)
+        return super().{method}(*args, **kwargs)
+
+async def main():
+    cm = state["cm"] = aio.timeout({delay})
+    try:
+        async with cm:
+            await asyncio.sleep({sleep})
+    except TimeoutError:
+        print("TimeoutError", end=" ")
+    print(cm.expired(), end=" ")
+    ref = weakref.ref(cm)
+    del cm
+    print(gone(ref))
+
+run(main, task_class=T)
+"""
+
 PROGRAMS = {
     # loop.time(), read while __aenter__ arms the expiry, reschedules the
     # Timeout: the deadline read was freed; a second handle was armed.
@@ -157,55 +183,13 @@ PROGRAMS = {
     # A Task's cancelling(), asked while entering, reschedules the Timeout:
     # entering armed a second handle over it, which kept the Timeout alive.
     "cancelling() reschedules the Timeout being entered": (
-        """
-        state = {}
-
-        class T(asyncio.Task):
-            def cancelling(self):
-                cm = state.pop("cm", None)
-                if cm is not None:
-                    cm.reschedule(asyncio.get_running_loop().time() + 1000)
-                return super().cancelling()
-
-        async def main():
-            cm = state["cm"] = aio.timeout(0.02)
-            async with cm:
-                await asyncio.sleep(0.05)
-            print(cm.expired(), end=" ")
-            ref = weakref.ref(cm)
-            del cm
-            print(gone(ref))
-
-        run(main, task_class=T)
-        """,
+        TASK_RESCHEDULES.format(method="cancelling", delay=0.02, sleep=0.05),
         "False True\n",
     ),
     # The Task's cancel(), called by the expiry, reschedules the Timeout:
     # the expiry dropped the new handle without cancelling it.
     "cancel() reschedules the Timeout that expires": (
-        """
-        state = {}
-
-        class T(asyncio.Task):
-            def cancel(self, *a, **k):
-                cm = state.pop("cm", None)
-                if cm is not None:
-                    cm.reschedule(asyncio.get_running_loop().time() + 1000)
-                return super().cancel(*a, **k)
-
-        async def main():
-            cm = state["cm"] = aio.timeout(0.01)
-            try:
-                async with cm:
-                    await asyncio.sleep(1)
-            except TimeoutError:
-                print("TimeoutError", cm.expired(), end=" ")
-            ref = weakref.ref(cm)
-            del cm
-            print(gone(ref))
-
-        run(main, task_class=T)
-        """,
+        TASK_RESCHEDULES.format(method="cancel", delay=0.01, sleep=1),
         "TimeoutError True True\n",
     ),
     # The value a wait_for() returned is let go of while the next one's end
