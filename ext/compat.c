@@ -277,12 +277,18 @@ PyObject *ext_raise_stop_iteration(ext_compat *c, PyObject *value) {
 #if defined(STOP_ITERATION_REUSE)
     PyObject *e = c->stop_iteration;
     if (e && reusable(e)) {
+        /* The values it held are let go of last: their __del__ may raise
+         * another StopIteration here, which finds this one taken (ours by
+         * the reference held) and makes its own. */
+        Py_INCREF(e);
         PyBaseExceptionObject *b = (PyBaseExceptionObject *)e;
-        PyObject *old = PyTuple_GET_ITEM(b->args, 0);
+        PyObject *old_arg = PyTuple_GET_ITEM(b->args, 0);
+        PyObject *old_value = ((PyStopIterationObject *)e)->value;
         PyTuple_SET_ITEM(b->args, 0, Py_NewRef(value));
-        Py_DECREF(old);
-        Py_XSETREF(((PyStopIterationObject *)e)->value, Py_NewRef(value));
-        PyErr_SetRaisedException(Py_NewRef(e));
+        ((PyStopIterationObject *)e)->value = Py_NewRef(value);
+        Py_DECREF(old_arg);
+        Py_XDECREF(old_value);
+        PyErr_SetRaisedException(e);
         return NULL;
     }
     Py_CLEAR(c->stop_iteration);

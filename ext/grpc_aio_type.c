@@ -53,7 +53,14 @@ typedef struct {
 #define AIOCORO_REFS(X) X(w) X(request) X(ctx) X(call) X(token) X(inner)
 
 EXT_GC_TRAVERSE(GrpcAioCoro, GrpcAioCoroObject, AIOCORO_REFS)
-EXT_GC_CLEAR(GrpcAioCoro, GrpcAioCoroObject, AIOCORO_REFS)
+
+/* Cleared by the GC, it is closed: a finaliser that reaches it afterwards
+ * finds a coroutine that cannot be driven again (its wrapper is gone). */
+static int GrpcAioCoro_clear(GrpcAioCoroObject *self) {
+    self->co.state = EXT_CORO_CLOSED;
+    AIOCORO_REFS(EXT_CLEAR_REF)
+    return 0;
+}
 
 static void GrpcAioCoro_dealloc(GrpcAioCoroObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -74,13 +81,18 @@ static PyObject *chained(PyObject *e, PyObject *context) {
 /* The handler ended: `r` is PYGEN_RETURN with *result its value, or
  * PYGEN_ERROR with its exception raised.  Ends the call as `both_coro`
  * does from its `except`/`else` blocks on: the step's outcome, or the
- * first step of the tail that ends an expired call. */
+ * first step of the tail that ends an expired call.  The wrapper and the
+ * call are held across the Python code this runs (the handler's __del__,
+ * cancel(), _tail). */
 static PySendResult aio_handler_ended(GrpcAioCoroObject *self, PySendResult r,
                                       PyObject **result) {
-    GrpcUnaryObject *w = self->w;
-    GrpcCallObject *c = self->call;
+    GrpcUnaryObject *w = (GrpcUnaryObject *)Py_NewRef(self->w);
+    GrpcCallObject *c = (GrpcCallObject *)Py_NewRef(self->call);
+    /* the handler's __del__ runs with no exception pending */
+    PyObject *raised = r == PYGEN_ERROR ? PyErr_GetRaisedException() : NULL;
     Py_CLEAR(self->inner);
     Py_CLEAR(c->where);
+    if (raised) PyErr_SetRaisedException(raised);
     PyObject *err = NULL;  /* what the step raises, unless a tail runs */
     PyObject *tail = NULL; /* what _tail returned: None, or the tail to await */
     if (r == PYGEN_RETURN) {
@@ -120,24 +132,28 @@ static PySendResult aio_handler_ended(GrpcAioCoroObject *self, PySendResult r,
     }
     Py_DECREF(token);
     Py_CLEAR(self->call);
+    Py_DECREF(c);
     if (err || (tail && tail != Py_None)) Py_CLEAR(*result);
     if (tail && tail != Py_None) { /* expired: await the tail */
         Py_CLEAR(err);
         PyObject *inner = ext_awaitable_iter(w->st, tail);
         Py_DECREF(tail);
+        Py_DECREF(w);
         if (!inner) {
             self->co.state = EXT_CORO_CLOSED;
             return PYGEN_ERROR;
         }
-        self->inner = inner;
+        self->inner = Py_NewRef(inner);
         self->in_tail = 1;
         r = PyIter_Send(inner, Py_None, result);
+        Py_DECREF(inner);
         if (r != PYGEN_NEXT) {
             Py_CLEAR(self->inner);
             self->co.state = EXT_CORO_CLOSED;
         }
         return r;
     }
+    Py_DECREF(w);
     Py_XDECREF(tail);
     self->co.state = EXT_CORO_CLOSED;
     if (err) {
@@ -151,7 +167,7 @@ static PySendResult aio_handler_ended(GrpcAioCoroObject *self, PySendResult r,
  * called and driven to its first suspension (or its end). */
 static PySendResult aio_start(ext_coro *co, PyObject **result) {
     GrpcAioCoroObject *self = (GrpcAioCoroObject *)co;
-    GrpcUnaryObject *w = self->w;
+    GrpcUnaryObject *w = self->w; /* (self's while it runs: the GC clears no reachable object) */
     if (!w->cls) { /* its wrapper was cleared by the GC */
         PyErr_SetString(PyExc_RuntimeError, "this GrpcAioUnary was cleared");
         return PYGEN_ERROR;
@@ -174,22 +190,24 @@ static PySendResult aio_start(ext_coro *co, PyObject **result) {
         Py_DECREF(c);
         goto out;
     }
-    self->call = c;
+    self->call = (GrpcCallObject *)Py_NewRef(c); /* c: ours too, across the handler */
     self->token = token;
     self->co.state = EXT_CORO_SUSPENDED;
     PyObject *bargs[2] = {request, c->deadline == Py_None ? ctx : (PyObject *)c};
     PyObject *coro = PyObject_Vectorcall(w->behavior, bargs, 2, NULL);
-    if (!coro) {
+    PyObject *inner = NULL;
+    if (coro) {
+        c->where = coro; /* the live stack at the threshold is read from it */
+        inner = ext_awaitable_iter(w->st, coro);
+    }
+    Py_DECREF(c);
+    if (!inner) {
         r = aio_handler_ended(self, PYGEN_ERROR, result);
         goto out;
     }
-    c->where = coro; /* the live stack at the threshold is read from it */
-    self->inner = ext_awaitable_iter(w->st, coro);
-    if (!self->inner) {
-        r = aio_handler_ended(self, PYGEN_ERROR, result);
-        goto out;
-    }
-    r = PyIter_Send(self->inner, Py_None, result);
+    self->inner = Py_NewRef(inner);
+    r = PyIter_Send(inner, Py_None, result);
+    Py_DECREF(inner);
     if (r != PYGEN_NEXT) r = aio_handler_ended(self, r, result);
 out:
     Py_DECREF(request);
@@ -201,8 +219,14 @@ out:
  * handler or the tail. */
 static PySendResult aio_resume(ext_coro *co, PyObject *arg, PyObject *exc, PyObject **result) {
     GrpcAioCoroObject *self = (GrpcAioCoroObject *)co;
-    PySendResult r = exc ? ext_throw_into(co->st, self->inner, exc, result)
-                         : PyIter_Send(self->inner, arg, result);
+    if (!self->inner) { /* (suspended, it has one; a cleared one is closed) */
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
+        return PYGEN_ERROR;
+    }
+    PyObject *inner = Py_NewRef(self->inner);
+    PySendResult r = exc ? ext_throw_into(co->st, inner, exc, result)
+                         : PyIter_Send(inner, arg, result);
+    Py_DECREF(inner);
     if (r == PYGEN_NEXT) return r;
     if (!self->in_tail) return aio_handler_ended(self, r, result);
     Py_CLEAR(self->inner);

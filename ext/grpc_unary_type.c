@@ -430,12 +430,13 @@ static PyObject *GrpcUnary_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
     return (PyObject *)w;
 }
 
+/* (a wrapper the GC cleared has neither: None) */
 static PyObject *GrpcUnary_get_behavior(GrpcUnaryObject *self, void *Py_UNUSED(c)) {
-    return Py_NewRef(self->behavior);
+    return Py_NewRef(self->behavior ? self->behavior : Py_None);
 }
 
 static PyObject *GrpcUnary_get_cls(GrpcUnaryObject *self, void *Py_UNUSED(c)) {
-    return Py_NewRef((PyObject *)self->cls);
+    return Py_NewRef(self->cls ? (PyObject *)self->cls : Py_None);
 }
 
 static PyObject *GrpcUnary_get_free(GrpcUnaryObject *self, void *Py_UNUSED(c)) {

@@ -5,6 +5,9 @@
  * Handle handed to the core (the loop's port is timer_thread_type.c's
  * ext_port_for).  Runs on the caller's thread with the GIL held;
  * bt_schedule_port takes its bucket's lock inside the core, GIL held.
+ * Every object these functions are given is the caller's reference, held
+ * across the call: each runs Python code (a number's __float__ or __lt__,
+ * the loop's __hash__ and is_closed(), the port's _attach, the GC).
  */
 #include "module.h"
 

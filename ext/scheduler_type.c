@@ -69,6 +69,13 @@ static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *ar
     PyObject *context = NULL;
     if (ext_parse_schedule_args(args, nargs, kwnames, self->absolute, NULL, &context) < 0)
         return NULL;
+    /* tt and loop change only when the GC clears the Scheduler, which it
+     * does not while the Scheduler is being called: NULL here, or set
+     * throughout the call. */
+    if (!self->tt) {
+        PyErr_SetString(PyExc_RuntimeError, "this Scheduler was cleared");
+        return NULL;
+    }
     if (ext_check_open(self->tt) < 0) return NULL;
     int absolute = self->absolute;
     double t;

@@ -38,13 +38,19 @@ static int type_clock(ext_state *st, PyTypeObject *tp) {
     if (tp == st->time_checked_type && tp->tp_version_tag != 0 &&
         tp->tp_version_tag == st->time_checked_tag)
         return st->time_checked_kind;
+    /* The lookup may run Python code (a metaclass's) that sets the class's
+     * `time`: the answer is cached only under a tag that held throughout. */
+    unsigned int tag = tp->tp_version_tag;
     PyObject *f = PyObject_GetAttr((PyObject *)tp, st->str_time);
     if (!f) return -1;
-    st->time_checked_type = tp;
-    st->time_checked_tag = tp->tp_version_tag;
-    st->time_checked_kind = clock_kind(st, f);
+    int kind = clock_kind(st, f);
     Py_DECREF(f);
-    return st->time_checked_kind;
+    if (tag != 0 && tag == tp->tp_version_tag) {
+        st->time_checked_type = tp;
+        st->time_checked_tag = tag;
+        st->time_checked_kind = kind;
+    }
+    return kind;
 }
 
 /* Whether `loop` has a `time` of its own (mock.patch.object(loop, "time")),
@@ -90,7 +96,9 @@ static PyObject *loop_time(ext_state *st, PyObject *loop, int kind) {
 
 /* `when <= loop.time()`, as asyncio's reschedule() asks it, on a loop whose
  * clock is of `kind`.  `now_ns`, if not negative, is the stock clock read a
- * moment ago by the same caller (no Python code ran in between). */
+ * moment ago by the same caller (no Python code ran in between).  `when` is
+ * the caller's own reference: loop.time() and the comparison run Python
+ * code, which may reschedule the Timeout it came from. */
 static int deadline_reached(ext_state *st, PyObject *loop, int kind, PyObject *when,
                             int64_t now_ns) {
     if (kind == EXT_CLOCK_STOCK && PyFloat_CheckExact(when))
@@ -115,7 +123,14 @@ PyObject *ext_need_running_loop(ext_state *st) {
 /* ---- the Timeout object ---------------------------------------------------- */
 
 EXT_GC_TRAVERSE(Timeout, TimeoutObject, TIMEOUT_REFS)
-EXT_GC_CLEAR(Timeout, TimeoutObject, TIMEOUT_REFS)
+
+/* Cleared by the GC, a Timeout is finished: a finaliser that reaches it
+ * afterwards finds a state whose every method needs none of its fields. */
+static int Timeout_clear(TimeoutObject *self) {
+    self->state = T_EXITED;
+    TIMEOUT_REFS(EXT_CLEAR_REF)
+    return 0;
+}
 
 static void Timeout_dealloc(TimeoutObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -149,7 +164,16 @@ static PyObject *Timeout_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return st ? timeout_make(st, when) : NULL;
 }
 
-/* ---- arming and disarming the expiry --------------------------------------- */
+/* ---- arming and disarming the expiry ---------------------------------------
+ * Arming runs Python code: loop.time(), the loop's call_soon or call_at, the
+ * deadline's __float__ or __le__, a stand-in handle's cancel(), making the
+ * default TimerThread.  That code may reschedule or exit the very Timeout
+ * being armed.  So the deadline is held by a reference of the arming's own
+ * (never read again from self->when), and after each such call the arming
+ * asks whether it was overtaken: a reschedule or an exit made meanwhile,
+ * which started later, wins; the arming then leaves the expiry as that call
+ * left it, and cancels a handle it made itself.  One expiry is armed at a
+ * time, and self->handler is always the one armed (docs/design.rst). */
 
 static int cancel_any_handle(ext_state *st, PyObject *h) {
     if (Py_IS_TYPE(h, st->Handle_Type)) {
@@ -171,74 +195,118 @@ static int timeout_disarm(TimeoutObject *self) {
     return rc;
 }
 
+/* Whether an arming for `when` was overtaken by Python code that ran since
+ * it began (it armed with no expiry armed). */
+static int overtaken(TimeoutObject *self, PyObject *when) {
+    return self->state != T_ENTERED || self->when != when || self->handler != NULL;
+}
+
 static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored));
 static PyMethodDef on_timeout_def = {"_on_timeout", (PyCFunction)Timeout_on_timeout, METH_NOARGS,
                                      NULL};
+
+/* self._on_timeout, a new reference; made once, on first arming on a loop. */
+static PyObject *on_timeout_method(TimeoutObject *self) {
+    if (!self->on_timeout) {
+        PyObject *m = PyCFunction_New(&on_timeout_def, (PyObject *)self);
+        if (!m) return NULL;
+        if (!self->on_timeout) self->on_timeout = m; /* (the allocation may have run the GC) */
+        else Py_DECREF(m);
+    }
+    return Py_NewRef(self->on_timeout);
+}
 
 /* A deadline already reached goes to loop.call_soon, as in asyncio: it
  * fires on the very next iteration, in order with other ready callbacks,
  * after the core's timers due for this loop (ext_deliver_due). */
 static PyObject *expire_soon(TimeoutObject *self, PyObject *loop) {
-    if (!self->on_timeout) {
-        self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
-        if (!self->on_timeout) return NULL;
-    }
-    if (ext_deliver_due(self->st, loop) < 0) return NULL;
-    return PyObject_CallMethodOneArg(loop, self->st->str_call_soon, self->on_timeout);
+    PyObject *cb = on_timeout_method(self);
+    if (!cb) return NULL;
+    PyObject *h = ext_deliver_due(self->st, loop) < 0
+                      ? NULL
+                      : PyObject_CallMethodOneArg(loop, self->st->str_call_soon, cb);
+    Py_DECREF(cb);
+    return h;
 }
 
 /* A loop with a clock of its own (a virtual one) gets asyncio's path:
  * loop.call_at(when, self._on_timeout), whose timer follows that clock. */
-static PyObject *expire_on_loop(TimeoutObject *self, PyObject *loop) {
-    if (!self->on_timeout) {
-        self->on_timeout = PyCFunction_New(&on_timeout_def, (PyObject *)self);
-        if (!self->on_timeout) return NULL;
-    }
-    return PyObject_CallMethodObjArgs(loop, self->st->str_call_at, self->when, self->on_timeout,
-                                      NULL);
+static PyObject *expire_on_loop(TimeoutObject *self, PyObject *loop, PyObject *when) {
+    PyObject *cb = on_timeout_method(self);
+    if (!cb) return NULL;
+    PyObject *h = PyObject_CallMethodObjArgs(loop, self->st->str_call_at, when, cb, NULL);
+    Py_DECREF(cb);
+    return h;
 }
 
 /* A deadline in the future goes to the core: the handle expires this
- * Timeout directly. */
-static PyObject *expire_at(TimeoutObject *self, PyObject *loop) {
+ * Timeout directly.  The default TimerThread is held across the schedule,
+ * whose Python code (the port's _attach, loop.is_closed()) may close and
+ * replace it. */
+static PyObject *expire_at(TimeoutObject *self, PyObject *loop, PyObject *when) {
     double t;
-    if (ext_to_seconds(self->when, "when", &t) < 0) return NULL;
-    TimerThreadObject *tt = ext_default_tt(self->st);
-    if (!tt || ext_check_open(tt) < 0) return NULL;
-    return ext_schedule(tt, 1, t, (PyObject *)self, NULL, 0, loop, NULL, EXT_SCHED_TIMEOUT);
+    if (ext_to_seconds(when, "when", &t) < 0) return NULL;
+    PyObject *tt = Py_XNewRef((PyObject *)ext_default_tt(self->st));
+    if (!tt) return NULL;
+    PyObject *h = ext_check_open((TimerThreadObject *)tt) < 0
+                      ? NULL
+                      : ext_schedule((TimerThreadObject *)tt, 1, t, (PyObject *)self, NULL, 0,
+                                     loop, NULL, EXT_SCHED_TIMEOUT);
+    Py_DECREF(tt);
+    return h;
 }
 
-/* Arms the expiry for self->when on the running `loop` (`now_ns` as for
- * deadline_reached()). */
-static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
-    if (self->when == Py_None) return 0;
+/* Arms the expiry for `when` (the caller's reference, self->when when the
+ * arming began) on the running `loop` (`now_ns` as for deadline_reached()). */
+static int arm_for(TimeoutObject *self, PyObject *loop, int64_t now_ns, PyObject *when) {
     int kind = now_ns >= 0 ? EXT_CLOCK_STOCK : ext_loop_clock(self->st, loop);
     if (kind < 0) return -1;
-    int past = deadline_reached(self->st, loop, kind, self->when, now_ns);
+    int past = deadline_reached(self->st, loop, kind, when, now_ns);
     if (past < 0) return -1;
+    if (overtaken(self, when)) return 0;
     /* A NaN deadline is never reached, and asyncio's heap fires it at once
      * (its `handle._when >= end_time` is false too): so does this. */
-    if (!past && kind != EXT_CLOCK_FOREIGN && PyFloat_Check(self->when) &&
-        isnan(PyFloat_AS_DOUBLE(self->when)))
+    if (!past && kind != EXT_CLOCK_FOREIGN && PyFloat_Check(when) &&
+        isnan(PyFloat_AS_DOUBLE(when)))
         past = 1;
     PyObject *h = past                         ? expire_soon(self, loop)
-                  : kind == EXT_CLOCK_FOREIGN ? expire_on_loop(self, loop)
-                                              : expire_at(self, loop);
+                  : kind == EXT_CLOCK_FOREIGN ? expire_on_loop(self, loop, when)
+                                              : expire_at(self, loop, when);
     if (!h) return -1;
+    if (overtaken(self, when)) { /* what overtook it stands; this one never fires */
+        int rc = cancel_any_handle(self->st, h);
+        Py_DECREF(h);
+        return rc;
+    }
     self->handler = h;
     return 0;
 }
 
+/* What asyncio's reschedule(self._when) does once its state check passed:
+ * drops the expiry armed (one a reschedule made while entering, say) and
+ * arms one for self->when on the running `loop`. */
+static int timeout_arm(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
+    if (timeout_disarm(self) < 0) return -1;
+    PyObject *when = self->when;
+    if (!when || when == Py_None || overtaken(self, when)) return 0;
+    Py_INCREF(when);
+    int rc = arm_for(self, loop, now_ns, when);
+    Py_DECREF(when);
+    return rc;
+}
+
 /* reschedule() to a later deadline, in place: the expiry Handle stays and
  * the core moves its timer (bt_postpone), leaving no cancelled entry behind.
- * 1: done; 0: not here (no Handle of ours pending on the running loop, a
- * deadline not a plain number or already reached, or earlier than the armed
- * one): the caller disarms and arms, as asyncio does; -1: error. */
+ * 1: done (or overtaken by a reschedule or exit made meanwhile); 0: not here
+ * (no Handle of ours pending on the running loop, a deadline not a plain
+ * number or already reached, or earlier than the armed one): the caller
+ * disarms and arms, as asyncio does; -1: error.  `when` is the caller's. */
 static int timeout_postpone(TimeoutObject *self, PyObject *when) {
     ext_state *st = self->st;
-    HandleObject *h = (HandleObject *)self->handler;
-    if (!h || !Py_IS_TYPE(h, st->Handle_Type) ||
-        atomic_load_explicit(&h->state, memory_order_acquire) != H_PENDING)
+    PyObject *armed = self->handler;
+    if (!armed || !Py_IS_TYPE(armed, st->Handle_Type)) return 0;
+    HandleObject *h = (HandleObject *)armed;
+    if (atomic_load_explicit(&h->state, memory_order_acquire) != H_PENDING || !h->port || !h->tt)
         return 0;
     if (!PyFloat_CheckExact(when) && !PyLong_CheckExact(when)) return 0;
     double t = PyFloat_CheckExact(when) ? PyFloat_AS_DOUBLE(when) : PyLong_AsDouble(when);
@@ -246,15 +314,22 @@ static int timeout_postpone(TimeoutObject *self, PyObject *when) {
         PyErr_Clear(); /* the general path raises it, in asyncio's order */
         return 0;
     }
+    Py_INCREF(h); /* across loop.time(), which may reschedule and drop it */
+    int rc = -1;
     PyObject *loop = ext_running_loop(&st->compat);
-    if (!loop) return -1;
-    int ours = loop == h->port->loop;
-    int kind = ours ? ext_loop_clock(st, loop) : EXT_CLOCK_FOREIGN;
-    int past = kind > EXT_CLOCK_FOREIGN ? deadline_reached(st, loop, kind, when, -1) : 0;
-    Py_DECREF(loop);
-    if (kind < 0 || past < 0) return -1;
-    if (kind == EXT_CLOCK_FOREIGN || past || isnan(t)) return 0;
-    return ext_handle_postpone(h, t);
+    if (loop) {
+        int ours = loop == h->port->loop;
+        int kind = ours ? ext_loop_clock(st, loop) : EXT_CLOCK_FOREIGN;
+        int past = kind > EXT_CLOCK_FOREIGN ? deadline_reached(st, loop, kind, when, -1) : 0;
+        Py_DECREF(loop);
+        if (kind < 0 || past < 0) rc = -1;
+        else if (self->handler != armed || self->when != when || self->state != T_ENTERED)
+            rc = 1;
+        else if (kind == EXT_CLOCK_FOREIGN || past || isnan(t)) rc = 0;
+        else rc = ext_handle_postpone(h, t);
+    }
+    Py_DECREF(h);
+    return rc;
 }
 
 static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -269,7 +344,8 @@ static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *const *args, 
                          timeout_state_names[self->state]);
         return NULL;
     }
-    Py_SETREF(self->when, Py_NewRef(when));
+    Py_SETREF(self->when, Py_NewRef(when)); /* the old deadline's __del__ may run */
+    if (self->state != T_ENTERED || self->when != when) Py_RETURN_NONE; /* overtaken */
     if (when != Py_None) {
         int moved = timeout_postpone(self, when);
         if (moved < 0) return NULL;
@@ -285,13 +361,23 @@ static PyObject *Timeout_reschedule(TimeoutObject *self, PyObject *const *args, 
     Py_RETURN_NONE;
 }
 
+/* The expiry: the task is cancelled.  task.cancel() may run Python code (a
+ * Task subclass's, a future's) that exits or reschedules this Timeout. */
 static PyObject *Timeout_on_timeout(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
     if (self->state != T_ENTERED || !self->task) Py_RETURN_NONE; /* cannot happen: cancel won */
-    PyObject *r = PyObject_CallMethodNoArgs(self->task, self->st->str_cancel);
-    if (!r) return NULL;
-    Py_DECREF(r);
-    self->state = T_EXPIRING;
-    Py_CLEAR(self->handler); /* drop the reference early, as asyncio does */
+    PyObject *task = Py_NewRef(self->task);
+    PyObject *fired = Py_XNewRef(self->handler);
+    PyObject *r = PyObject_CallMethodNoArgs(task, self->st->str_cancel);
+    Py_DECREF(task);
+    int rc = r ? 0 : -1;
+    Py_XDECREF(r);
+    if (rc == 0) {
+        if (self->state == T_ENTERED) self->state = T_EXPIRING;
+        if (self->handler == fired) Py_CLEAR(self->handler); /* drop it early, as asyncio does */
+        else rc = timeout_disarm(self); /* re-armed meanwhile: an expiring Timeout needs none */
+    }
+    Py_XDECREF(fired);
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -310,7 +396,10 @@ static PyObject *task_cancelling(ext_state *st, PyObject *task) {
 }
 
 /* What __aenter__ does, on the running `loop` (`now_ns` as for
- * deadline_reached()). */
+ * deadline_reached(): it is dropped if a Task subclass's cancelling() runs
+ * in between).  Python code that runs on the way may reschedule the Timeout
+ * (its state is entered by then, as in asyncio): the arming replaces that
+ * expiry, for the deadline that reschedule set, as asyncio's does. */
 int ext_timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     ext_state *st = self->st;
     if (self->state != T_CREATED) {
@@ -326,6 +415,7 @@ int ext_timeout_enter(TimeoutObject *self, PyObject *loop, int64_t now_ns) {
     }
     self->state = T_ENTERED;
     Py_XSETREF(self->task, task);
+    if (Py_TYPE(task) != st->task_type) now_ns = -1;
     PyObject *c = task_cancelling(st, task);
     if (!c) return -1;
     self->cancelling = PyLong_AsLong(c);
@@ -418,13 +508,20 @@ int ext_timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val)
         return -1;
     }
     ext_forget_stop_iteration(&st->compat, (PyObject *)self);
+    /* The disarm may run Python code (a stand-in handle's cancel()) that
+     * reschedules or exits this Timeout: the state is read after it, as
+     * asyncio reads it, and a reschedule made then is undone once the
+     * state is final (no later one can arm). */
     if (timeout_disarm(self) < 0) return -1;
     if (self->state == T_ENTERED) {
         self->state = T_EXITED;
-        return 0;
+        return timeout_disarm(self);
     }
+    if (self->state != T_EXPIRING || !self->task) return 0; /* exited meanwhile */
     self->state = T_EXPIRED;
-    PyObject *n = PyObject_CallMethodNoArgs(self->task, st->str_uncancel);
+    PyObject *task = Py_NewRef(self->task);
+    PyObject *n = PyObject_CallMethodNoArgs(task, st->str_uncancel);
+    Py_DECREF(task);
     if (!n) return -1;
     long left = PyLong_AsLong(n);
     Py_DECREF(n);
@@ -671,24 +768,30 @@ static PyObject *Timeout_aexit(TimeoutObject *self, PyObject *const *args, Py_ss
 }
 
 static PyObject *Timeout_when(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
-    return Py_NewRef(self->when);
+    return Py_NewRef(self->when ? self->when : Py_None); /* (NULL: cleared by the GC) */
 }
 
 static PyObject *Timeout_expired(TimeoutObject *self, PyObject *Py_UNUSED(ignored)) {
     return PyBool_FromLong(self->state == T_EXPIRING || self->state == T_EXPIRED);
 }
 
+/* asyncio's f"<Timeout [{state}] when={round(when, 3)}>": the rounding and
+ * the formatting may run Python code (the deadline's), which may change the
+ * state; the state is read after them, as the f-string reads it. */
 static PyObject *Timeout_repr(TimeoutObject *self) {
-    if (self->state == T_ENTERED) {
-        PyObject *w = self->when == Py_None
-                          ? Py_NewRef(Py_None)
-                          : PyObject_CallMethod(self->when, "__round__", "i", 3);
-        if (!w) return NULL;
-        PyObject *r = PyUnicode_FromFormat("<Timeout [active] when=%R>", w);
-        Py_DECREF(w);
-        return r;
-    }
-    return PyUnicode_FromFormat("<Timeout [%s]>", timeout_state_names[self->state]);
+    if (self->state != T_ENTERED || !self->when)
+        return PyUnicode_FromFormat("<Timeout [%s]>", timeout_state_names[self->state]);
+    PyObject *when = Py_NewRef(self->when);
+    PyObject *w = when == Py_None ? Py_NewRef(Py_None)
+                                  : PyObject_CallMethod(when, "__round__", "i", 3);
+    Py_DECREF(when);
+    PyObject *text = w ? PyObject_Format(w, NULL) : NULL;
+    Py_XDECREF(w);
+    if (!text) return NULL;
+    PyObject *r = PyUnicode_FromFormat("<Timeout [%s] when=%U>", timeout_state_names[self->state],
+                                       text);
+    Py_DECREF(text);
+    return r;
 }
 
 static PyMethodDef Timeout_methods[] = {

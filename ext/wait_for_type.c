@@ -51,7 +51,14 @@ typedef struct {
 #define WAITFOR_REFS(X) X(fut) X(delay) X(inner) X(timeout)
 
 EXT_GC_TRAVERSE(WaitFor, WaitForObject, WAITFOR_REFS)
-EXT_GC_CLEAR(WaitFor, WaitForObject, WAITFOR_REFS)
+
+/* Cleared by the GC, it is closed: a finaliser that reaches it afterwards
+ * finds a coroutine that cannot be driven again. */
+static int WaitFor_clear(WaitForObject *self) {
+    self->co.state = EXT_CORO_CLOSED;
+    WAITFOR_REFS(EXT_CLEAR_REF)
+    return 0;
+}
 
 static void WaitFor_dealloc(WaitForObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
@@ -144,8 +151,11 @@ void ext_raise_with_context(PyObject *exc, PyObject *context) {
 static PySendResult waitfor_finish(WaitForObject *self, PySendResult r, PyObject **result) {
     TimeoutObject *tm = (TimeoutObject *)self->timeout;
     self->timeout = NULL;
-    Py_CLEAR(self->inner);
     self->co.state = EXT_CORO_CLOSED;
+    /* the iterator's __del__ runs with no exception pending */
+    PyObject *raised = r == PYGEN_ERROR ? PyErr_GetRaisedException() : NULL;
+    Py_CLEAR(self->inner);
+    if (raised) PyErr_SetRaisedException(raised);
     if (!tm) return r;
     if (r == PYGEN_RETURN) {
         if (ext_timeout_exit(tm, Py_None, Py_None) < 0) {
@@ -179,7 +189,7 @@ PySendResult ext_fetch_return(PyObject **result) {
     return PYGEN_RETURN;
 }
 
-/* Calls close() of an iterator, if it has one. */
+/* Calls close() of an iterator, if it has one (`it`: the caller's reference). */
 int ext_close_iter(ext_state *st, PyObject *it) {
     PyObject *meth;
     if (optional_attr(it, st->str_close, &meth) < 0) return -1;
@@ -193,7 +203,8 @@ int ext_close_iter(ext_state *st, PyObject *it) {
 
 /* throw(exc) into the awaited iterator, as `yield from` does: GeneratorExit
  * closes it and is raised here; an iterator without throw() lets the
- * exception be raised here. */
+ * exception be raised here.  `inner` and `exc` are the caller's references,
+ * held across the Python code this runs. */
 PySendResult ext_throw_into(ext_state *st, PyObject *inner, PyObject *exc, PyObject **result) {
     if (PyErr_GivenExceptionMatches(exc, PyExc_GeneratorExit)) {
         if (ext_close_iter(st, inner) < 0) return PYGEN_ERROR; /* that error is raised instead */
@@ -236,8 +247,9 @@ static int is_nonpositive(PyObject *delay) {
 static PySendResult waitfor_first_send(WaitForObject *self, PyObject *inner,
                                        PyObject **result) {
     self->co.state = EXT_CORO_SUSPENDED;
-    self->inner = inner;
+    self->inner = Py_NewRef(inner); /* (the send holds its own) */
     PySendResult r = PyIter_Send(inner, Py_None, result);
+    Py_DECREF(inner);
     return r == PYGEN_NEXT ? r : waitfor_finish(self, r, result);
 }
 
@@ -252,7 +264,10 @@ static PySendResult waitfor_start_nonpositive(WaitForObject *self, PyObject *fut
     }
     PyObject *loop = ext_need_running_loop(st);
     if (!loop) return PYGEN_ERROR;
-    PyObject *inner = PyObject_CallFunctionObjArgs(st->wait_for_nonpositive, fut, loop, NULL);
+    /* held: the call may replace it (_set_wait_for_nonpositive) */
+    PyObject *fn = Py_NewRef(st->wait_for_nonpositive);
+    PyObject *inner = PyObject_CallFunctionObjArgs(fn, fut, loop, NULL);
+    Py_DECREF(fn);
     Py_DECREF(loop);
     return inner ? waitfor_first_send(self, inner, result) : PYGEN_ERROR;
 }
@@ -298,8 +313,14 @@ static PySendResult waitfor_start(WaitForObject *self, PyObject **result) {
 static PySendResult waitfor_resume(ext_coro *co, PyObject *arg, PyObject *exc,
                                    PyObject **result) {
     WaitForObject *self = (WaitForObject *)co;
-    PySendResult r = exc ? ext_throw_into(self->co.st, self->inner, exc, result)
-                         : PyIter_Send(self->inner, arg, result);
+    if (!self->inner) { /* (suspended, it has one; a cleared one is closed) */
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited coroutine");
+        return PYGEN_ERROR;
+    }
+    PyObject *inner = Py_NewRef(self->inner);
+    PySendResult r = exc ? ext_throw_into(self->co.st, inner, exc, result)
+                         : PyIter_Send(inner, arg, result);
+    Py_DECREF(inner);
     return r == PYGEN_NEXT ? r : waitfor_finish(self, r, result);
 }
 
@@ -434,10 +455,12 @@ void ext_coro_finalize(PyObject *op) {
     if (self->state == EXT_CORO_CLOSED) return;
     PyObject *exc = PyErr_GetRaisedException();
     if (self->state == EXT_CORO_CREATED) {
+        /* closed before the warning, whose filters and hooks are Python
+         * code that may find it and try to start it */
+        self->state = EXT_CORO_CLOSED;
         if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "coroutine '%s' was never awaited",
                              self->kind->name) < 0)
             PyErr_WriteUnraisable(op);
-        self->state = EXT_CORO_CLOSED;
         self->kind->discard(self);
     } else {
         PyObject *r = coro_close(op, NULL);

@@ -69,14 +69,6 @@ def test_a_due_timer_runs_before_a_passed_timeout_fires(run, held):
     assert due_timer_then_passed_timeout(run, held) == ["timer", "timeout"]
 
 
-@pytest.mark.skipif(bucketimer.backend != "python", reason="the pure backend's Timeout")
-def test_the_pure_timeout_keeps_the_order_where_asyncio_differs(run, held, monkeypatch):
-    """Where asyncio's Timeout does not queue its expiry as 3.11-3.15 do, the
-    pure Timeout reads the loop's clock before asyncio's reschedule runs."""
-    monkeypatch.setattr(aio, "_HANDLER_KNOWN", False)
-    assert due_timer_then_passed_timeout(run, held) == ["timer", "timeout"]
-
-
 def due_timer_then_passed_timeout(run, held) -> list[str]:
     order = []
 

@@ -1,25 +1,26 @@
 """``bucketimer.aio`` on the pure backend: asyncio's own timeouts.
 
 :func:`timeout`, :func:`timeout_at` and :class:`Timeout` are asyncio's of
-the running Python, their timers the loop's, with one addition: a deadline
-already reached first hands the loop the default TimerThread's timers due
-for it, so they run before the expiry, as on the native backend
-(docs/design.rst, "Order on the loop"); and a NaN deadline expires on the
-next turn, as asyncio's heap runs it up to 3.12 (from 3.13 asyncio's loop
-passes it to ``select()``, which raises).  :func:`wait_for` is asyncio's up
+the running Python, their timers the loop's, with these differences, each
+the native backend's too: a deadline already reached first hands the loop
+the default TimerThread's timers due for it, so they run before the expiry
+(docs/design.rst, "Order on the loop"); a NaN deadline expires on the next
+turn, as asyncio's heap runs it up to 3.12 (from 3.13 asyncio's loop passes
+it to ``select()``, which raises); and a reschedule made by code that
+arming the expiry runs wins over that arming, leaving one timer armed, for
+the deadline ``when()`` says (asyncio keeps the first arming's timer and
+leaves the second armed too).  :func:`wait_for` is asyncio's up
 to 3.11; from 3.12 it is asyncio's coroutine around this :func:`timeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import sys
 from asyncio import events, tasks, timeouts
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from . import _default as _default_module
 from ._default import deliver_due
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
@@ -31,58 +32,59 @@ _asyncio_wait_for = tasks.wait_for
 
 # (private in typeshed, which also marks Timeout final; at run time a class)
 _ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
+_EXPIRING = timeouts._State.EXPIRING  # type: ignore[attr-defined]
 _asyncio_reschedule = timeouts.Timeout.reschedule
-
-
-# asyncio's Timeout queues a reached deadline's expiry with
-# call_soon(self._on_timeout) into self._timeout_handler (3.11-3.15); where
-# that holds, a reschedule checks for due timers only when the expiry was
-# queued so, else it reads the loop's clock first.
-_HANDLER_KNOWN = callable(getattr(timeouts.Timeout, "_on_timeout", None))
 
 
 class Timeout(timeouts.Timeout):  # type: ignore[misc]
     """``asyncio.Timeout``; a deadline already reached comes after the
-    TimerThread's timers due by then, and a NaN one expires at once."""
+    TimerThread's timers due by then, a NaN one expires at once, and a
+    reschedule made by code that arming runs (``loop.time()``, the loop's
+    ``call_at``) wins over that arming, as on the native backend."""
 
     def reschedule(self, when: float | None) -> None:
-        if when is not None and self._state is _ENTERED:  # type: ignore[attr-defined]
-            if type(when) is float and when != when:  # NaN: due at once
-                _deliver_if_reached(-math.inf)
-                _asyncio_reschedule(self, -math.inf)
-                self._when = when
-                return
-            if _default_module._default is not None:  # else no timer to put first
-                if not _HANDLER_KNOWN:
-                    _deliver_if_reached(when)
-                else:
-                    _asyncio_reschedule(self, when)
-                    me: Any = self  # (typeshed does not declare asyncio's private members)
-                    # call_soon's handle (reached) has no when(), any loop's call_at's has
-                    if not hasattr(me._timeout_handler, "when"):
-                        self._expire_after_due()
-                    return
-        _asyncio_reschedule(self, when)
-
-    def _expire_after_due(self) -> None:
-        """The expiry just queued goes behind the timers due by now."""
         me: Any = self  # (typeshed does not declare asyncio's private members)
+        if me._state is not _ENTERED:
+            _asyncio_reschedule(self, when)  # asyncio's RuntimeError
+        # Python code runs below (the old deadline's __del__, a handle's
+        # cancel(), loop.time(), the comparison, call_at): a reschedule or
+        # exit made there overtakes this one (it changed the state or the
+        # deadline), which then leaves the expiry as that call left it.
+        me._when = when
+        handler = me._timeout_handler
+        if handler is not None:
+            me._timeout_handler = None
+            handler.cancel()
+        if when is None or me._when is not when or me._state is not _ENTERED:
+            return
         loop = events.get_running_loop()
-        me._timeout_handler.cancel()
-        deliver_due(loop)
-        me._timeout_handler = loop.call_soon(me._on_timeout)
-
-
-def _deliver_if_reached(when: float) -> None:
-    loop = events._get_running_loop()
-    if loop is None:
-        return
-    try:
         reached = when <= loop.time()
-    except Exception:  # asyncio's reschedule raises it, in its own order
-        return
-    if reached:
-        deliver_due(loop)
+        if type(when) is float and when != when:  # NaN: due at once
+            reached = True
+        if me._when is not when or me._state is not _ENTERED or me._timeout_handler is not None:
+            return
+        if reached:
+            deliver_due(loop)
+            handler = loop.call_soon(me._on_timeout)
+        else:
+            handler = loop.call_at(when, me._on_timeout)
+        if me._when is not when or me._state is not _ENTERED or me._timeout_handler is not None:
+            handler.cancel()  # what overtook it stands; this one never fires
+            return
+        me._timeout_handler = handler
+
+    def _on_timeout(self) -> None:
+        me: Any = self  # (typeshed does not declare asyncio's private members)
+        if me._state is not _ENTERED:
+            return
+        fired = me._timeout_handler
+        me._task.cancel()
+        if me._state is _ENTERED:
+            me._state = _EXPIRING
+        handler = me._timeout_handler
+        me._timeout_handler = None  # dropped early, as asyncio does
+        if handler is not fired:  # re-armed by cancel(): an expiring Timeout needs none
+            handler.cancel()
 
 
 def timeout(delay: float | None) -> Timeout:
