@@ -58,3 +58,23 @@ def patching() -> None:
     assert_type(bucketimer.patch_asyncio(), bool)
     bucketimer.unpatch_asyncio()
     assert_type(bucketimer.run(helpers(), patch_asyncio=True), str)
+
+
+def grpc_names() -> None:
+    # the documented imports: each name re-exported as itself
+    from bucketimer.grpc import (
+        DeadlineEvent,
+        ServerDeadlineInterceptor,
+        SlowCall,
+        current_deadline,
+        remaining,
+    )
+    from bucketimer.grpc.aio import DeadlineEvent as AioDeadlineEvent
+    from bucketimer.grpc.aio import remaining as aio_remaining
+
+    assert_type(remaining(), float | None)
+    assert_type(aio_remaining(), float | None)
+    assert_type(current_deadline(), float | None)
+    assert AioDeadlineEvent is DeadlineEvent
+    ServerDeadlineInterceptor(0.5, on_deadline=lambda ev: assert_type(ev, DeadlineEvent))
+    assert_type(SlowCall("/s/M", "server", 1.0, False).stack, str | None)

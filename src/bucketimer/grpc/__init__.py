@@ -32,11 +32,35 @@ registered, and refuse those of the other API clearly (``_registration``).
 
 from __future__ import annotations
 
+# Each name re-exported as itself (``X as X``), so that a type checker in
+# strict mode sees the sync API here: a star import would hide it.
 from ._common import DEFAULT_DETAILS as DEFAULT_DETAILS
+from ._common import DeadlineEvent as DeadlineEvent
+from ._common import SlowCall as SlowCall
+from ._common import current_deadline as current_deadline
 from ._common import grpc as grpc  # the real grpcio package
 from ._common import logger as logger
+from ._common import remaining as remaining
 from ._registration import install as _install
-from .sync import *  # noqa: F403 - this namespace is the sync API
-from .sync import __all__ as __all__
+from .sync import DeadlineInterrupt as DeadlineInterrupt
+from .sync import DeadlinePropagationInterceptor as DeadlinePropagationInterceptor
+from .sync import DefaultTimeoutInterceptor as DefaultTimeoutInterceptor
+from .sync import ServerDeadlineInterceptor as ServerDeadlineInterceptor
+from .sync import ServerDeadlineSlowCallInterceptor as ServerDeadlineSlowCallInterceptor
+from .sync import SlowCallInterceptor as SlowCallInterceptor
+
+#: this namespace is the sync API (:mod:`bucketimer.grpc.sync`'s ``__all__``)
+__all__ = [
+    "DeadlineEvent",
+    "DeadlineInterrupt",
+    "DeadlinePropagationInterceptor",
+    "DefaultTimeoutInterceptor",
+    "ServerDeadlineInterceptor",
+    "ServerDeadlineSlowCallInterceptor",
+    "SlowCall",
+    "SlowCallInterceptor",
+    "current_deadline",
+    "remaining",
+]
 
 _install()  # grpc's constructors take these interceptors however they are given
