@@ -163,5 +163,6 @@ PyObject *ext_schedule(TimerThreadObject *self, int absolute, double t, PyObject
         ext_handle_abandon(h);
         return ext_raise_errno(rc, absolute ? "call_at" : "call_later");
     }
+    if (self->st->armed_hook) ext_note_armed(self->st, (PyObject *)h);
     return (PyObject *)h;
 }

@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
 
-from . import _core
+from . import _core, _pending
 from ._reporting import SLOW_CALLBACK_DURATION, logger, report_dropped_at_exit
 from ._reporting import check_slow_callback_duration as _check_slow
 from ._reporting import loop_reporter as _make_loop_reporter
@@ -275,6 +275,8 @@ class TimerThread(_core.TimerThread):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    pending = _pending.pending
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"

@@ -26,8 +26,10 @@ actually run out of time.
   handler running in this context.
 
 Everything is logged on the ``bucketimer.grpc`` logger (``_records``).
-Importing this package lets grpc take these interceptors however they are
-registered, and refuse those of the other API clearly (``_registration``).
+Importing this package wraps grpc's constructors that take interceptors,
+so that grpc takes these however they are registered and refuses those of
+the other API clearly: :func:`patch_grpc` (undone by :func:`unpatch_grpc`;
+not done with ``BUCKETIMER_GRPC_PATCH=0``), in ``_registration``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from ._common import grpc as grpc  # the real grpcio package
 from ._common import logger as logger
 from ._common import remaining as remaining
 from ._registration import install as _install
+from ._registration import patch_grpc as patch_grpc
+from ._registration import unpatch_grpc as unpatch_grpc
 from .sync import DeadlineInterrupt as DeadlineInterrupt
 from .sync import DeadlinePropagationInterceptor as DeadlinePropagationInterceptor
 from .sync import DefaultTimeoutInterceptor as DefaultTimeoutInterceptor
@@ -60,7 +64,9 @@ __all__ = [
     "SlowCall",
     "SlowCallInterceptor",
     "current_deadline",
+    "patch_grpc",
     "remaining",
+    "unpatch_grpc",
 ]
 
-_install()  # grpc's constructors take these interceptors however they are given
+_install()  # patch_grpc(), unless BUCKETIMER_GRPC_PATCH=0

@@ -39,6 +39,7 @@ from ._common import (
     _method_name,
     _monotonic,
     _NativeCallMethods,
+    _observe_end,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
@@ -178,6 +179,7 @@ class _AioDeadlineContext(_DeadlineCall):
         return isinstance(exc, (Exception, _CancelledError)) and not isinstance(exc, _AbortError)
 
     async def _end_expired(self) -> None:
+        _observe_end(self)
         task = self._task
         if task is not None and task.cancelling():
             task.uncancel()

@@ -38,6 +38,7 @@ from ._common import (
     _method_name,
     _monotonic,
     _NativeCallMethods,
+    _observe_end,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
@@ -186,6 +187,7 @@ class _DeadlineContext(_DeadlineCall):
         return isinstance(exc, DeadlineInterrupt) or (isinstance(exc, Exception) and expired)
 
     def _end_expired(self) -> None:
+        _observe_end(self)
         # The client already has its status; this tells grpc the handler is
         # over without sending a response (grpc skips a cancelled call).
         self._ctx.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self._ic._details)
