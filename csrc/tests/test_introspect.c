@@ -157,6 +157,7 @@ static void test_lateness_sum(void) {
 struct race {
     bt_timer_thread *tt;
     bt_port *port;
+    _Atomic int finished; /* workers done */
 };
 
 static void *churn(void *arg) {
@@ -171,6 +172,7 @@ static void *churn(void *arg) {
             i % 2)
             bt_cancel(r->tt, id);
     }
+    atomic_fetch_add(&r->finished, 1);
     return NULL;
 }
 
@@ -183,11 +185,13 @@ static int32_t check_consistent(void *ctx, bt_port *port, void *payload, uint64_
 }
 
 static void test_walk_races_the_core(void) {
-    struct race r = {threaded_core(), NULL};
+    struct race r = {threaded_core(), NULL, 0};
     r.port = open_port(r.tt);
     pthread_t th[WORKERS];
     for (int i = 0; i < WORKERS; i++) CHECK(pthread_create(&th[i], NULL, churn, &r) == 0);
-    for (int k = 0; k < 20; k++) CHECK(bt_foreach_pending(r.tt, check_consistent, &r) >= 0);
+    /* walk all the while the workers run */
+    for (int k = 0; k < 20 || atomic_load(&r.finished) < WORKERS; k++)
+        CHECK(bt_foreach_pending(r.tt, check_consistent, &r) >= 0);
     for (int i = 0; i < WORKERS; i++) pthread_join(th[i], NULL);
     CHECK(bt_deliver_due(r.tt) == 0);
     uint64_t ids[256];
