@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _helpers import wait_until
 
 grpc = pytest.importorskip("grpc")
 
@@ -116,6 +117,8 @@ def test_grpc_code_is_the_status_codes_name(logged: list[logging.LogRecord]) -> 
     try:
         with sync_server({"Dl": grpc.unary_unary_rpc_method_handler(stubborn)}, [ic]) as address:
             assert sync_call(address, "Dl") == grpc.StatusCode.DEADLINE_EXCEEDED
+            # logged on the timer's thread once the client has its status
+            assert wait_until(lambda: any(r.grpc_event == "deadline" for r in logged))  # type: ignore[attr-defined]
             stop.set()
     finally:
         stop.set()

@@ -53,7 +53,8 @@ from .sync import ServerDeadlineInterceptor as ServerDeadlineInterceptor
 from .sync import ServerDeadlineSlowCallInterceptor as ServerDeadlineSlowCallInterceptor
 from .sync import SlowCallInterceptor as SlowCallInterceptor
 
-#: this namespace is the sync API (:mod:`bucketimer.grpc.sync`'s ``__all__``)
+#: this namespace is the sync API (:mod:`bucketimer.grpc.sync`'s ``__all__``);
+#: ``patch_grpc`` and ``unpatch_grpc`` are this package's own
 __all__ = [
     "DeadlineEvent",
     "DeadlineInterrupt",
@@ -64,9 +65,7 @@ __all__ = [
     "SlowCall",
     "SlowCallInterceptor",
     "current_deadline",
-    "patch_grpc",
     "remaining",
-    "unpatch_grpc",
 ]
 
 _install()  # patch_grpc(), unless BUCKETIMER_GRPC_PATCH=0
