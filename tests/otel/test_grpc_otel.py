@@ -184,6 +184,18 @@ def test_a_slow_call_is_an_event_of_its_span(api: str, conventions: str,
         t.close()
 
 
+@pytest.mark.parametrize("api", ["sync", "aio"])
+def test_the_combined_interceptor_adds_both_events(api: str, telemetry: Telemetry) -> None:
+    # one wrapper, one timer for both (C on the native backend's sync server and 3.12+ aio)
+    interceptors = [telemetry.interceptor, API[api].ServerDeadlineSlowCallInterceptor(0.02, 0.05)]
+    with server(api, stubborn(api), interceptors, method="Dl") as address:
+        assert sync_call(address, "Dl") == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert wait_until(lambda: telemetry.spans.get_finished_spans())
+    names = [e.name for e in telemetry.server_span().events]
+    assert names.count(bucketimer.otel.SLOW_CALL_EVENT) == 1
+    assert names.count(bucketimer.otel.DEADLINE_EVENT) == 1
+
+
 @pytest.mark.parametrize("api", ["sync"])
 def test_without_span_events_or_a_tracer_nothing_is_added(api: str) -> None:
     t = Telemetry(api)
