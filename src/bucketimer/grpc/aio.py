@@ -175,6 +175,7 @@ class _AioDeadlineContext(_DeadlineCall):
             if (isinstance(exc, _CancelledError) and self._source == "client"
                     and self._deadline - _monotonic() <= _CLIENT_DEADLINE_SLACK):
                 self._report()  # grpc enforced the client's deadline first
+                _observe_end(self)
             return False
         return isinstance(exc, (Exception, _CancelledError)) and not isinstance(exc, _AbortError)
 
