@@ -24,7 +24,8 @@ and ``.. invisible-code-block: python`` before a block is run first, in the
 same program (setup the page does not show).  A program that imports one of
 the optional libraries (``OPTIONAL``) runs only where it is installed.
 ``docs/examples/*.py``, which the pages include, run in
-``tests/test_examples.py``.
+``tests/test_examples.py``.  The same programs, as :func:`programs` lists
+them, are type-checked together by ``tests/typing/test_docs.py``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from unittest import SkipTest
@@ -117,9 +118,15 @@ def _run(source: str) -> str:
 
 
 class ProgramParser(CodeBlockParser):
-    """Python code blocks, each a program; invisible ones its setup."""
+    """Python code blocks, each a program; invisible ones its setup.  A
+    program is handed to ``check(source, expected)`` (default: run it and
+    compare what it wrote with ``expected``)."""
 
     language = "python"
+
+    def __init__(self, check: Callable[[str, str | None], None] | None = None) -> None:
+        super().__init__()
+        self._check = check or _check_output
 
     def __call__(self, document: Document) -> Iterable[Region]:
         for region in super().__call__(document):
@@ -138,22 +145,49 @@ class ProgramParser(CodeBlockParser):
         missing = _needs(program)
         if missing:
             raise SkipTest(f"needs {', '.join(missing)}")
-        got = _run(program)
-        want = expected or ""
-        checker = doctest.OutputChecker()
-        if not checker.check_output(want, got, doctest.ELLIPSIS):
-            example_ = doctest.Example(source="", want=want)
-            raise AssertionError(
-                "the program's output is not what the page shows after it:\n"
-                + checker.output_difference(example_, got, doctest.ELLIPSIS))
+        self._check(program, expected)
+
+
+def _check_output(program: str, expected: str | None) -> None:
+    got = _run(program)
+    want = expected or ""
+    checker = doctest.OutputChecker()
+    if not checker.check_output(want, got, doctest.ELLIPSIS):
+        example_ = doctest.Example(source="", want=want)
+        raise AssertionError(
+            "the program's output is not what the page shows after it:\n"
+            + checker.output_difference(example_, got, doctest.ELLIPSIS))
 
 
 def _setup(namespace: dict[str, Any]) -> None:
     namespace["sys"] = sys  # for skip conditions
 
 
-pytest_collect_file = Sybil(
-    parsers=[ProgramParser(), SkipParser()],
-    patterns=["*.rst"],
-    setup=_setup,
-).pytest()
+def _sybil(parser: ProgramParser) -> Sybil:
+    return Sybil(parsers=[parser, SkipParser()], patterns=["*.rst"], setup=_setup)
+
+
+pytest_collect_file = _sybil(ProgramParser()).pytest()
+
+
+def programs(path: Path) -> list[tuple[int, str]]:
+    """(line, program) of each program of the page ``path`` that the suite
+    runs here, its invisible setup included: the pages' examples as they
+    are run, without running them (what is skipped, or needs a library not
+    installed, is left out)."""
+    found: list[tuple[int, str]] = []
+    line = 0
+
+    def keep(program: str, expected: str | None) -> None:
+        found.append((line, program))
+
+    sybil = _sybil(ProgramParser(keep))
+    document = sybil.parse(path)
+    _setup(document.namespace)
+    for example in document.examples():
+        line = example.line
+        try:
+            example.evaluate()
+        except SkipTest:
+            pass
+    return found

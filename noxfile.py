@@ -47,8 +47,9 @@ def _install(session: nox.Session, extras: str) -> None:
     session.install(f".[{extras}]", env=NATIVE_BUILD)
 
 
-def _pytest(session: nox.Session, env: dict[str, str] | None = None) -> None:
-    """pytest over tests/; slow tests (e.g. 10 million live timers, ~3 GB)
+def _pytest(session: nox.Session, env: dict[str, str] | None = None,
+            paths: tuple[str, ...] = ()) -> None:
+    """pytest over tests/ (or the posargs, or ``paths``); slow tests (e.g. 10 million live timers, ~3 GB)
     only with BUCKETIMER_SLOW_TESTS=1, which also selects the long
     hypothesis profile.  The backend pytest must find loaded is the pure one
     under BUCKETIMER_NO_EXTENSIONS, else the native one."""
@@ -56,7 +57,7 @@ def _pytest(session: nox.Session, env: dict[str, str] | None = None) -> None:
     marks = [] if slow else ["-m", "not slow"]
     env = dict(env or {})
     env["BUCKETIMER_EXPECT_BACKEND"] = "python" if env.get("BUCKETIMER_NO_EXTENSIONS") else "native"
-    session.run("pytest", *marks, *session.posargs, env=env)
+    session.run("pytest", *marks, *(session.posargs or paths), env=env)
 
 
 @nox.session(python=PYTHONS)
@@ -100,14 +101,31 @@ def lint(session: nox.Session) -> None:
     (_core.pyi, _cffi.pyi, bench/_cbench.pyi) against the built modules."""
     # The checkers are pinned: a new release's rules must not fail CI on
     # unchanged code.  Raise the pins on purpose, with the fixes they ask for.
-    session.install("ruff==0.17.6", "mypy==2.4.1", "types-grpcio", "types-tqdm", "pandas-stubs",
-                    ".[test,bench]")
+    # (mypy and grpc's stubs: the test extra's, which type-checks the docs' examples)
+    session.install("ruff==0.17.6", "types-tqdm", "pandas-stubs", ".[test,bench]")
     session.run("ruff", "check", *LINT_PATHS, *session.posargs)
     for version in ("3.11", "3.14"):
         session.run("mypy", "--python-version", version)  # files: pyproject.toml
     session.run("python", "-m", "mypy.stubtest", "bucketimer._core", "bucketimer._cffi",
                 "bucketimer.bench._cbench")
     _check_wheel_builds(session)
+
+
+#: the oldest grpcio supported (the first with wheels for CPython 3.14:
+#: pyproject.toml's grpc extra) and the newest tested
+GRPCIO_BOUNDS = ["1.75.1", "1.85.3"]
+
+
+@nox.session(name="grpc-bounds", python=["3.11", "3.14"])
+@nox.parametrize("grpcio", GRPCIO_BOUNDS)
+def grpc_bounds(session: nox.Session, grpcio: str) -> None:
+    """The gRPC interceptors on the oldest and the newest grpcio supported:
+    the grpc functions importing bucketimer.grpc wraps, found and wrapped,
+    and every interceptor registered every way (posargs: other tests)."""
+    _install(session, "test")
+    session.install(f"grpcio=={grpcio}")
+    _pytest(session, paths=("tests/otel/test_grpc_patching.py",
+                            "tests/grpc/test_grpc_registration.py"))
 
 
 def _check_wheel_builds(session: nox.Session) -> None:

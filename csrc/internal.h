@@ -163,6 +163,7 @@ struct bt_port {
     _Atomic uint64_t dropped; /* taken without running (bt_timer_take) */
     _Atomic uint64_t early;
     _Atomic uint64_t hist[BT_HIST_BUCKETS];
+    _Atomic uint64_t late_sum; /* bt__hist_add's */
     /* timer-thread side: batch being built during a pass */
     struct bt_timer *pass_head;
     struct bt_timer *pass_tail;
@@ -232,6 +233,7 @@ struct bt_timer_thread {
     _Atomic uint64_t fired, posted, ran_native, passes, drains, sweeps, reaped;
     _Atomic uint64_t heap_size, early_native;
     _Atomic uint64_t hist_native[BT_HIST_BUCKETS];
+    _Atomic uint64_t late_sum_native;
     /* several writers */
     _Atomic uint64_t eventfd_writes;
     _Atomic uint64_t slots_retired; /* generations used up (pool.c) */
@@ -392,9 +394,13 @@ static inline int bt__in_pass_of(const bt_timer_thread *tt) {
  * the orphan port instead), 1 otherwise. */
 int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
 void bt__port_free(bt_port *port);
+/* Counts a timer that ran `lateness` ns late in `hist` and adds its
+ * lateness to `sum` (at most 2^(BT_HIST_BUCKETS-2) ns: the last bucket's
+ * start, so that no timer due "as soon as possible", whose lateness
+ * saturates, wraps the sum).  Single writer, relaxed. */
+void bt__hist_add(_Atomic uint64_t *hist, _Atomic uint64_t *sum, int64_t lateness);
 /* A schedule of a timer for `port` at `deadline` (bt_port_deliver_due). */
 void bt__port_lower_lb(bt_port *port, int64_t deadline);
-void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness);
 
 /* Single-writer counter bump: a relaxed load and store, no lock prefix. */
 #define BT_LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)

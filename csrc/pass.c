@@ -335,7 +335,7 @@ static void run_native(bt_timer_thread *tt, struct bt_timer *t, uint64_t *fired,
     uint32_t gen = BT_WORD_GEN(atomic_load_explicit(&t->word, memory_order_relaxed));
     int64_t late = bt__lateness(bt_time_ns(tt), BT_LOAD(t->deadline));
     if (late < 0) bt__bump(&tt->early_native, 1);
-    bt__hist_add(tt->hist_native, late);
+    bt__hist_add(tt->hist_native, &tt->late_sum_native, late);
     publish_posts(tt, fired, posted);
     union bt__fn_ptr f = {.p = BT_LOAD(t->target)};
     f.fn(BT_LOAD(t->arg), ((uint64_t)gen << 32) | t->slot);

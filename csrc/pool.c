@@ -114,6 +114,38 @@ int bt__slot_retire(bt_timer_thread *tt, struct bt_timer *t) {
     return 0;
 }
 
+int64_t bt_foreach_pending(bt_timer_thread *tt, bt_pending_fn fn, void *ctx) {
+    if (!tt || !fn) return -EINVAL;
+    if (bt__forked(tt)) return -ECHILD;
+    int64_t n = 0;
+    uint32_t nblocks = atomic_load_explicit(&tt->nblocks, memory_order_acquire);
+    for (uint32_t bl = 0; bl < nblocks; bl++) {
+        struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);
+        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {
+            struct bt_timer *t = &block[i];
+            /* A seqlock's read: the word, the fields, the word again.  The
+             * acquire load made this generation's fields visible; the fence
+             * keeps the field reads before the second load, and a slot
+             * that was freed or reused meanwhile shows another generation
+             * or a state other than PENDING or POSTED. */
+            uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);
+            uint32_t st = BT_WORD_STATE(w);
+            if (st != BT_S_PENDING && st != BT_S_POSTED) continue;
+            bt_port *port = bt__port_of(t);
+            void *arg = BT_LOAD(t->arg);
+            int64_t deadline = bt__current_deadline(t, w);
+            atomic_thread_fence(memory_order_acquire);
+            uint64_t w2 = atomic_load_explicit(&t->word, memory_order_relaxed);
+            uint32_t st2 = BT_WORD_STATE(w2);
+            if (BT_WORD_GEN(w2) != BT_WORD_GEN(w) || (st2 != BT_S_PENDING && st2 != BT_S_POSTED))
+                continue;
+            n++;
+            if (fn(ctx, port, arg, ((uint64_t)BT_WORD_GEN(w) << 32) | t->slot, deadline)) return n;
+        }
+    }
+    return n;
+}
+
 int64_t bt__pool_cancel(bt_timer_thread *tt, const bt_port *port, bt_drop_fn on_drop, void *ctx) {
     int64_t n = 0;
     uint32_t nblocks = atomic_load_explicit(&tt->nblocks, memory_order_acquire);

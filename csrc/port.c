@@ -318,11 +318,13 @@ void *bt_timer_payload(bt_timer *t) { return BT_LOAD(t->arg); }
 
 int64_t bt_timer_deadline(bt_timer *t) { return BT_LOAD(t->deadline); }
 
-void bt__hist_add(_Atomic uint64_t *hist, int64_t lateness) {
+void bt__hist_add(_Atomic uint64_t *hist, _Atomic uint64_t *sum, int64_t lateness) {
+    const int64_t cap = (int64_t)1 << (BT_HIST_BUCKETS - 2);
     int i = 0;
     if (lateness > 0) {
         i = 64 - __builtin_clzll((unsigned long long)lateness);
         if (i > BT_HIST_BUCKETS - 1) i = BT_HIST_BUCKETS - 1;
+        bt__bump(sum, (uint64_t)(lateness < cap ? lateness : cap));
     }
     bt__bump(&hist[i], 1);
 }
@@ -341,7 +343,7 @@ int32_t bt_timer_claim(bt_port *port, bt_timer *t) {
     if (!take_posted(t)) return 0;
     int64_t late = bt__lateness(bt_time_ns(port->tt), BT_LOAD(t->deadline));
     if (late < 0) bt__bump(&port->early, 1);
-    bt__hist_add(port->hist, late);
+    bt__hist_add(port->hist, &port->late_sum, late);
     bt__bump(&port->ran, 1);
     return 1;
 }

@@ -35,6 +35,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     s->eventfd_writes = LD(eventfd_writes);
     s->ran = LD(ran_native);
     s->early_fires = LD(early_native);
+    s->lateness_sum = LD(late_sum_native);
     for (int i = 0; i < BT_HIST_BUCKETS; i++) s->lateness_hist[i] = LD(hist_native[i]);
     s->slots_retired = LD(slots_retired);
 #undef LD
@@ -47,6 +48,7 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
         s->ran += atomic_load_explicit(&p->ran, memory_order_relaxed);
         s->dropped += atomic_load_explicit(&p->dropped, memory_order_relaxed);
         s->early_fires += atomic_load_explicit(&p->early, memory_order_relaxed);
+        s->lateness_sum += atomic_load_explicit(&p->late_sum, memory_order_relaxed);
         for (int i = 0; i < BT_HIST_BUCKETS; i++)
             s->lateness_hist[i] += atomic_load_explicit(&p->hist[i], memory_order_relaxed);
     }

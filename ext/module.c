@@ -29,6 +29,16 @@ static PyObject *module_set_default_class(PyObject *m, PyObject *cls) {
     Py_RETURN_NONE;
 }
 
+static PyObject *module_set_armed_hook(PyObject *m, PyObject *hook) {
+    ext_state *st = ext_state_of_module(m);
+    if (hook != Py_None && !PyCallable_Check(hook)) {
+        ext_type_error("hook", "callable or None", hook);
+        return NULL;
+    }
+    Py_XSETREF(st->armed_hook, hook == Py_None ? NULL : Py_NewRef(hook));
+    Py_RETURN_NONE;
+}
+
 static PyObject *module_default_timer_thread(PyObject *m, PyObject *Py_UNUSED(ignored)) {
     return Py_XNewRef((PyObject *)ext_default_tt(ext_state_of_module(m)));
 }
@@ -50,6 +60,9 @@ static PyMethodDef module_functions[] = {
      "default_timer_thread($module, /)\n--\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
     {"_set_default_class", module_set_default_class, METH_O, NULL},
+    {"_set_armed_hook", module_set_armed_hook, METH_O,
+     "_set_armed_hook($module, hook, /)\n--\n\nhook(handle) is called with every Handle "
+     "scheduled from now on (None: nothing is; bucketimer.trace_timers)."},
     {"_loop_clock_is_foreign", ext_loop_clock_is_foreign, METH_O,
      "_loop_clock_is_foreign($module, loop, /)\n--\n\nTrue if loop.time() is not a "
      "CLOCK_MONOTONIC clock the core keeps (a virtual clock, a patched time())."},

@@ -89,6 +89,9 @@ typedef struct {
     /* bucketimer's Python side, registered when bucketimer is imported */
     PyObject *default_class;        /* bucketimer.TimerThread */
     PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive (3.12+) */
+    /* called with each new Handle while bucketimer.trace_timers() is on
+     * (where it was armed); NULL: off, and nothing is done */
+    PyObject *armed_hook;
     /* the process default TimerThread (timer_thread_type.c owns it), and a
      * cache; both written with the GIL held */
     PyObject *default_tt;
@@ -120,7 +123,7 @@ typedef struct {
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
-    X(monotonic_clocks)
+    X(monotonic_clocks) X(armed_hook)
 #define EXT_STATE_NAMES(X)                                                                  \
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
     X(str_call_soon, "call_soon") X(str_call_at, "call_at")                            \
@@ -295,6 +298,9 @@ void ext_forget_port(TimerThreadObject *self, PortObject *port);
 PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop);
 /* The process default TimerThread (borrowed), made anew once closed. */
 TimerThreadObject *ext_default_tt(ext_state *st);
+/* A Handle just scheduled, while st->armed_hook is set: the hook is told
+ * (where it was armed); its errors are unraisable, never the caller's. */
+void ext_note_armed(ext_state *st, PyObject *h);
 /* Before a callback is queued on `loop` with call_soon: the default
  * TimerThread's timers due for that loop go first (docs/design.rst, "Order
  * on the loop").  0, or -1 with an exception. */

@@ -167,5 +167,6 @@ PyObject *ext_schedule(TimerThreadObject *self, int absolute, double t, PyObject
         return ext_raise_errno(rc, absolute ? "call_at" : "call_later");
     }
     ext_handle_hold(h);
+    if (self->st->armed_hook) ext_note_armed(self->st, (PyObject *)h);
     return (PyObject *)h;
 }

@@ -477,6 +477,45 @@ static PyObject *TimerThread_time(TimerThreadObject *Py_UNUSED(self), PyObject *
     return PyFloat_FromDouble((double)bt_now_ns() / 1e9);
 }
 
+/* ---- introspection ----------------------------------------------------------- */
+
+void ext_note_armed(ext_state *st, PyObject *h) {
+    PyObject *hook = Py_NewRef(st->armed_hook); /* the hook may replace itself */
+    PyObject *r = PyObject_CallOneArg(hook, h);
+    if (r) Py_DECREF(r);
+    else PyErr_WriteUnraisable(hook);
+    Py_DECREF(hook);
+}
+
+/* bt_foreach_pending's callback: each port timer's Handle, a new reference
+ * in the list (ctx).  Nothing here runs Python code (PyList_Append
+ * allocates no object the cycle collector tracks), so no payload can be
+ * released during the walk: that takes the GIL, which the walk holds. */
+static int32_t keep_pending(void *ctx, bt_port *port, void *payload, uint64_t id,
+                            int64_t deadline_ns) {
+    (void)id;
+    (void)deadline_ns;
+    if (!port || !payload) return 0; /* a native timer: the module schedules none */
+    return PyList_Append((PyObject *)ctx, (PyObject *)payload) < 0;
+}
+
+static PyObject *TimerThread_pending_handles(TimerThreadObject *self,
+                                             PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(0);
+    if (!out || !self->core || self->closed) return out;
+    int64_t n = bt_foreach_pending(self->core, keep_pending, out);
+    if (PyErr_Occurred()) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (n == -ECHILD) return out; /* made before a fork(): nothing pending here */
+    if (n < 0) {
+        Py_DECREF(out);
+        return ext_raise_errno((int)n, "bt_foreach_pending");
+    }
+    return out;
+}
+
 static int put_counter(PyObject *d, const char *name, uint64_t value) {
     PyObject *v = PyLong_FromUnsignedLongLong(value);
     if (!v) return -1;
@@ -537,6 +576,9 @@ static PyMethodDef TimerThread_methods[] = {
     {"_attach", (PyCFunction)(void (*)(void))TimerThread_attach, METH_FASTCALL,
      "_attach(loop, port)\n\nConnect a newly opened port to its consumer; a subclass's job."},
     {"_orphans", (PyCFunction)TimerThread_orphans, METH_NOARGS, NULL},
+    {"_pending_handles", (PyCFunction)TimerThread_pending_handles, METH_NOARGS,
+     "_pending_handles($self, /)\n--\n\nThe Handles of the timers scheduled and not yet run, "
+     "cancelled or dropped (bucketimer.TimerThread.pending)."},
     {"_close_core", (PyCFunction)TimerThread_close_core, METH_NOARGS, NULL},
     {"_scheduler", (PyCFunction)ext_TimerThread_scheduler, METH_VARARGS, NULL},
     {"_test_hold", (PyCFunction)TimerThread_test_hold, METH_O,

@@ -29,8 +29,10 @@ OUTPUT = {
     "idle_timeout.py": [str([f"message {i}" for i in range(5)])],
     "loop_delivery.py": ["set in MainThread"],
     # a Prometheus scrape of the process itself: two timers, one cancelled
-    "monitoring.py": ["bucketimer_timers_scheduled_total 2.0", "bucketimer_timers_fired_total 1.0",
-                      "bucketimer_timers_cancelled_total 1.0"],
+    "monitoring.py": ["bucketimer_timer_scheduled_total 2.0", "bucketimer_timer_fired_total 1.0",
+                      "bucketimer_timer_cancelled_total 1.0",
+                      "# TYPE bucketimer_timer_lateness_seconds histogram",
+                      "bucketimer_timer_lateness_seconds_count 1.0"],
     # two helpers' timers and two sleeps', all four in the core
     "patch_asyncio.py": ["timed out", "native timers: 4"],
     "timers.py": ["True", "fired on the dispatcher thread"],

@@ -123,7 +123,9 @@ enum bt_cancel_result {
     X(slots_retired)  /* retired for good: generation wrapped (1 per 2^32) */  \
     X(ports)          /* ports opened */                                       \
     X(buckets)        /* the core's number of buckets */                       \
-    X(early_fires)    /* fires before their deadline (there are none) */
+    X(early_fires)    /* fires before their deadline (there are none) */       \
+    X(lateness_sum)   /* ns of lateness of the timers in lateness_hist, each */\
+                      /* counted at most 2^46 ns (the last bucket's start) */
 
 #define BT_STATS_FIELD(name) uint64_t name;
 typedef struct bt_stats {
@@ -239,6 +241,22 @@ int bt_deliver_due(bt_timer_thread *tt);
 int bt_test_hold(bt_timer_thread *tt, int32_t hold);
 
 void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
+
+/* What bt_foreach_pending reports of one timer: its port (NULL for a native
+ * timer) and payload (the native function's argument), its id and its
+ * deadline (a postpone's, if one won).  Nonzero: stop the walk. */
+typedef int32_t (*bt_pending_fn)(void *ctx, bt_port *port, void *payload, uint64_t id,
+                                 int64_t deadline_ns);
+/* Calls fn for each timer that is PENDING or POSTED (scheduled and neither
+ * run, cancelled nor dropped) when its slot is looked at: a walk over every
+ * slot of the core, O(slots), taking no lock and changing nothing, for
+ * introspection.  A timer scheduled, run or cancelled meanwhile may be
+ * reported or not; what is reported was one timer's, read between two
+ * reads of its state word that agree.  The payload is reported, never
+ * owned: keeping it alive until fn uses it is the caller's business (the
+ * Python module holds the GIL, without which no payload is released).
+ * Returns how many were reported, -EINVAL for NULL, -ECHILD after fork. */
+int64_t bt_foreach_pending(bt_timer_thread *tt, bt_pending_fn fn, void *ctx);
 
 /* ---- ports -------------------------------------------------------------- */
 

@@ -8,6 +8,7 @@ from prometheus_client import start_http_server
 
 import bucketimer
 import bucketimer.otel
+import bucketimer.prometheus
 
 # The application's OpenTelemetry setup: an SDK MeterProvider whose reader
 # serves Prometheus text over HTTP (port 0: any free one).
@@ -15,8 +16,10 @@ server, _ = start_http_server(0, addr="127.0.0.1")
 set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
 
 # bucketimer's instruments on that provider: the default TimerThread's
-# counters and lateness, and the gRPC interceptors' reports.
+# counters, and the gRPC interceptors' reports; and the timers' lateness,
+# a Prometheus histogram, on the same registry.
 bucketimer.otel.instrument()
+bucketimer.prometheus.register()
 
 ran = threading.Event()
 bucketimer.call_later(0.01, ran.set)
@@ -27,8 +30,8 @@ ran.wait()
 url = f"http://127.0.0.1:{server.server_port}/metrics"
 with urllib.request.urlopen(url) as response:
     for line in response.read().decode().splitlines():
-        if line.startswith(("bucketimer_timers_scheduled", "bucketimer_timers_fired",
-                            "bucketimer_timers_cancelled")):
-            name, value = line.split("{")[0], line.rsplit(" ", 1)[1]
-            print(name, value)
+        if line.startswith(("bucketimer_timer_scheduled", "bucketimer_timer_fired",
+                            "bucketimer_timer_cancelled", "bucketimer_timer_lateness_seconds_count",
+                            "# TYPE bucketimer_timer_lateness")):
+            print(line if line.startswith("#") else f"{line.split('{')[0]} {line.rsplit(' ', 1)[1]}")
 server.shutdown()

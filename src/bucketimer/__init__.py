@@ -16,6 +16,9 @@ an eventfd) or to a dispatcher thread.
   asyncio loop whose ``call_at``/``call_later`` are native
   (:func:`install` and :class:`EventLoopPolicy` too, where asyncio still has
   event loop policies).
+* :meth:`TimerThread.pending`, :func:`trace_timers`: the timers a
+  TimerThread holds, by callback, and where they were scheduled
+  (docs/monitoring.rst).
 * ``backend``: ``"native"``, or ``"python"`` where the compiled modules
   are missing or ``BUCKETIMER_NO_EXTENSIONS`` is set (docs/design.rst,
   "The pure-Python backend").
@@ -26,7 +29,7 @@ an eventfd) or to a dispatcher thread.
 import sys
 from typing import Any
 
-from . import loop
+from . import _pending, loop
 from ._backend import (
     Handle,
     Timeout,
@@ -42,6 +45,7 @@ from ._backend import (
 )
 from ._backend import aio as aio
 from ._patch import patch_asyncio, unpatch_asyncio
+from ._pending import Pending, PendingGroup, PendingTimer, trace_timers
 from ._stats import Stats
 from ._version import __version__ as __version__
 from .loop import EventLoop, install, new_event_loop, run
@@ -49,6 +53,9 @@ from .loop import EventLoop, install, new_event_loop, run
 __all__ = [
     "EventLoop",
     "Handle",
+    "Pending",
+    "PendingGroup",
+    "PendingTimer",
     "Stats",
     "Timeout",
     "TimerThread",
@@ -63,12 +70,15 @@ __all__ = [
     "run",
     "timeout",
     "timeout_at",
+    "trace_timers",
     "unpatch_asyncio",
     "wait_for",
 ]
 
 if sys.version_info < (3, 14):
     __all__ += ["EventLoopPolicy"]
+
+_pending._from_environment()  # BUCKETIMER_TRACE_TIMERS
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
 """Who hears of the gRPC interceptors' reports besides the log and the
-hooks: ``bucketimer.otel``'s metrics (docs/monitoring.rst).
+hooks: ``bucketimer.otel``'s metrics and span events (docs/monitoring.rst).
 
 Kept apart from both, with no import of grpc or OpenTelemetry, so that
 either side may be imported first and neither needs the other installed.
@@ -22,6 +22,11 @@ class GrpcObserver(Protocol):
 
     def slow(self, info: SlowCall, /) -> None:
         """A call passed its slow-call threshold, or such a call ended."""
+
+    # and optionally (the interceptors look it up):
+    # deadline_ended(method, source, budget, deadline): a call its deadline
+    # ended ends now, in its handler's thread or task (where its span is
+    # current); ``deadline`` is the budget's end, time.monotonic() seconds
 
 
 #: The observers of every interceptor; replaced whole (never mutated), so a

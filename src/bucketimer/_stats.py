@@ -30,5 +30,8 @@ class Stats(TypedDict):
     ports: int
     buckets: int
     early_fires: int
+    #: the lateness of the timers counted in ``lateness_hist``, in ns, each
+    #: timer's counted at most 2**46 ns (the last bucket's start)
+    lateness_sum: int
     #: bucket i counts lateness in [2**(i-1), 2**i) ns; bucket 0, none
     lateness_hist: list[int]

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVarTuple, Unpack
 
-from . import _core
+from . import _core, _pending
 from ._reporting import SLOW_CALLBACK_DURATION, logger, report_dropped_at_exit
 from ._reporting import check_slow_callback_duration as _check_slow
 from ._reporting import loop_reporter as _make_loop_reporter
@@ -296,6 +296,8 @@ class TimerThread(_core.TimerThread):
             return
         _warn(f"unclosed TimerThread {self!r}", ResourceWarning, source=self)
         self._close(join_timeout=0.0)
+
+    pending = _pending.pending
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "running"

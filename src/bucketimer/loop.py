@@ -286,6 +286,12 @@ if _backend.NATIVE:
     from . import _timers
     from ._timers import PollStamp as _PollStamp
 
+    @functools.cache
+    def _stamp_class(selector_class: type) -> type[_PollStamp]:
+        """_PollStamp under the name of the selector class it wraps, which
+        asyncio's loop logs ("Using selector: EpollSelector")."""
+        return type(selector_class.__name__, (_PollStamp,), {"__module__": __name__})
+
 
 class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc]
     """``asyncio.SelectorEventLoop`` whose ``call_at``/``call_later`` use bucketimer.
@@ -300,7 +306,8 @@ class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[
                  timer_thread: TimerThread | None = None) -> None:
         polled = None
         if _backend.NATIVE:
-            polled = selector = _PollStamp(selector or selectors.DefaultSelector())
+            selector = selector or selectors.DefaultSelector()
+            polled = selector = _stamp_class(type(selector))(selector)
         super().__init__(selector)
         self._bt_init(timer_thread, polled)
         if self._bt_native():

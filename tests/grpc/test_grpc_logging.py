@@ -122,7 +122,7 @@ def test_deadline_record_fields(backend: Backend, caplog: pytest.LogCaptureFixtu
     assert f["grpc_elapsed"] >= 0.05
     f["grpc_elapsed"] = None
     assert f == {"grpc_event": "deadline", "grpc_side": "server", "grpc_method": f"/{SERVICE}/Dl_unary_stream",
-                 "grpc_code": grpc.StatusCode.DEADLINE_EXCEEDED, "grpc_elapsed": None, "grpc_budget": 0.05,
+                 "grpc_code": "DEADLINE_EXCEEDED", "grpc_elapsed": None, "grpc_budget": 0.05,
                  "grpc_source": "max_time", "grpc_threshold": None, "grpc_finished": None}
 
 
@@ -136,7 +136,7 @@ def test_slow_record_fields(backend: Backend, caplog: pytest.LogCaptureFixture, 
     common = {"grpc_side": side, "grpc_method": f"/{SERVICE}/Slow_stream_unary", "grpc_elapsed": None,
               "grpc_budget": None, "grpc_source": None, "grpc_threshold": 0.05}
     assert start == {**common, "grpc_event": "slow", "grpc_code": None, "grpc_finished": False}
-    assert end == {**common, "grpc_event": "slow_end", "grpc_code": grpc.StatusCode.OK, "grpc_finished": True}
+    assert end == {**common, "grpc_event": "slow_end", "grpc_code": "OK", "grpc_finished": True}
 
 
 def test_hook_error_record_fields(backend: Backend, caplog: pytest.LogCaptureFixture,

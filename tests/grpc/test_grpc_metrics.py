@@ -51,7 +51,7 @@ def test_a_call_that_hits_its_deadline(backend: Backend, metrics: Metrics, tt: b
     unit, deadlines = got["bucketimer.grpc.deadlines"]
     assert unit == "{call}"
     for _, suffix in backend.variants:
-        attrs = {"rpc.system": "grpc", "rpc.method": f"{SERVICE}/Stub_{suffix}",
+        attrs = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": f"Stub_{suffix}",
                  "bucketimer.grpc.side": "server", "bucketimer.grpc.budget_source": "max_time"}
         assert deadlines[frozenset(attrs.items())] == 1
         # the call's time when the deadline acted, over its 0.1 s budget:
@@ -77,9 +77,9 @@ def test_a_call_that_turns_slow_on_each_side(backend: Backend, metrics: Metrics,
         assert r.code == grpc.StatusCode.OK
         assert wait_for(lambda: len(_points(metrics, "bucketimer.grpc.slow_call.duration")) == 2)
     got = metrics.collect()
-    method = f"{SERVICE}/Slow"
     for side in ("client", "server"):
-        attrs = {"rpc.system": "grpc", "rpc.method": method, "bucketimer.grpc.side": side}
+        attrs = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "Slow",
+                 "bucketimer.grpc.side": side}
         assert got["bucketimer.grpc.slow_calls"][1][frozenset(attrs.items())] == 1, side
         duration = got["bucketimer.grpc.slow_call.duration"][1][
             frozenset({**attrs, "rpc.grpc.status_code": 0}.items())]
@@ -146,7 +146,7 @@ def test_prometheus_scrape_of_grpc_metrics(backend: Backend, metrics: Metrics, t
         samples = scrape(url)
     [(labels, value)] = samples["bucketimer_grpc_deadlines_total"]
     assert value == 1
-    assert (labels["rpc_method"], labels["bucketimer_grpc_side"], labels["bucketimer_grpc_budget_source"]) \
-        == (f"{SERVICE}/Stub_unary_unary", "server", "max_time")
+    assert (labels["rpc_service"], labels["rpc_method"], labels["bucketimer_grpc_side"],
+            labels["bucketimer_grpc_budget_source"]) == (SERVICE, "Stub_unary_unary", "server", "max_time")
     counts = {lab["le"]: v for lab, v in samples["bucketimer_grpc_deadline_budget_used_bucket"]}
     assert counts["+Inf"] == 1 and counts["1.0"] == 0

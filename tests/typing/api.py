@@ -58,3 +58,44 @@ def patching() -> None:
     assert_type(bucketimer.patch_asyncio(), bool)
     bucketimer.unpatch_asyncio()
     assert_type(bucketimer.run(helpers(), patch_asyncio=True), str)
+
+
+def grpc_names() -> None:
+    # the documented imports: each name re-exported as itself
+    from bucketimer.grpc import (
+        DeadlineEvent,
+        ServerDeadlineInterceptor,
+        SlowCall,
+        current_deadline,
+        remaining,
+    )
+    from bucketimer.grpc.aio import DeadlineEvent as AioDeadlineEvent
+    from bucketimer.grpc.aio import remaining as aio_remaining
+
+    assert_type(remaining(), float | None)
+    assert_type(aio_remaining(), float | None)
+    assert_type(current_deadline(), float | None)
+    assert AioDeadlineEvent is DeadlineEvent
+    ServerDeadlineInterceptor(0.5, on_deadline=lambda ev: assert_type(ev, DeadlineEvent))
+    assert_type(SlowCall("/s/M", "server", 1.0, False).stack, str | None)
+
+
+def introspection(tt: TimerThread) -> None:
+    snap = tt.pending(limit=3)
+    assert_type(snap, bucketimer.Pending)
+    assert_type(snap.groups[0], bucketimer.PendingGroup)
+    assert_type(snap.groups[0].timers[0].when, float)
+    assert_type(snap.groups[0].timers[0].loop, asyncio.AbstractEventLoop | None)
+    bucketimer.trace_timers(5)
+    tt.pending(limit="3")  # type: ignore[arg-type]
+    assert_type(tt.stats()["lateness_sum"], int)
+
+
+def monitoring() -> None:
+    import bucketimer.grpc
+    import bucketimer.prometheus
+
+    assert_type(bucketimer.grpc.patch_grpc(), list[str])
+    bucketimer.grpc.unpatch_grpc()
+    assert_type(bucketimer.prometheus.register({"default": None}),
+                bucketimer.prometheus.LatenessCollector)

@@ -25,6 +25,8 @@ from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
+# What one timer adds to ``lateness_sum`` at most, in ns: the last bucket's start.
+_LATE_SUM_CAP = 2 ** (HIST_BUCKETS - 2)
 # A heap with more cancelled entries than this, and more of them than live
 # ones, is rebuilt (the same rule as asyncio's own timer heap).
 _SWEEP_MIN = 64
@@ -38,6 +40,15 @@ _IDLE = 2**64
 
 _COUNTERS = ("scheduled", "cancelled", "fired", "posted", "ran", "dropped", "wakeups",
              "passes", "eventfd_writes", "drains", "sweeps", "reaped", "early_fires")
+
+
+#: called with each new Handle while ``bucketimer.trace_timers()`` is on
+_armed_hook: Callable[[Handle], object] | None = None
+
+
+def set_armed_hook(hook: Callable[[Handle], object] | None) -> None:
+    global _armed_hook
+    _armed_hook = hook
 
 
 class Scheduler:
@@ -64,6 +75,7 @@ class Scheduler:
         self._inflight: dict[int, Batch] = {}  # posted batches not yet started
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._hist = [0] * HIST_BUCKETS
+        self._late_sum = 0
         self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
         self._thread.start()
         _live.add(self)
@@ -98,7 +110,17 @@ class Scheduler:
             if deadline_ns < self._sleeping_until:
                 self._sleeping_until = _AWAKE  # one notify per wake is enough
                 self._wake.notify()
+        if _armed_hook is not None:
+            _armed_hook(handle)
         return handle
+
+    def pending(self) -> list[Handle]:
+        """The handles of the timers scheduled and neither run, cancelled
+        nor dropped: in the heap, or handed over and not yet started."""
+        with self._lock:
+            out = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
+            out += [h for batch in self._inflight.values() for h in batch if h._state == POSTED]
+        return out
 
     def _new_outbox(self, loop: asyncio.AbstractEventLoop) -> Outbox:
         outbox = self._loops[loop] = LoopOutbox(self, loop)
@@ -252,6 +274,8 @@ class Scheduler:
             if lateness < 0:
                 self._counts["early_fires"] += 1
             self._hist[min(max(lateness, 0).bit_length(), HIST_BUCKETS - 1)] += 1
+            if lateness > 0:
+                self._late_sum += min(lateness, _LATE_SUM_CAP)
         return True
 
     def drop(self, batch: Batch) -> None:
@@ -341,6 +365,7 @@ class Scheduler:
         with self._lock:
             counts = dict(self._counts)
             hist = list(self._hist)
+            late_sum = self._late_sum
             heap_size = len(self._heap)
             dead = self._dead
             # where timers are delivered: the loops served, and the dispatcher
@@ -352,7 +377,7 @@ class Scheduler:
             eventfd_writes=counts["eventfd_writes"], drains=counts["drains"],
             sweeps=counts["sweeps"], reaped=counts["reaped"], heap_size=heap_size, list_size=0, dead=dead,
             slots=0, slots_free=0, slots_retired=0, ports=ports, buckets=self._buckets,
-            early_fires=counts["early_fires"], lateness_hist=hist,
+            early_fires=counts["early_fires"], lateness_sum=late_sum, lateness_hist=hist,
         )
 
 

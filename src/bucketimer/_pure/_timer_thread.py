@@ -11,6 +11,7 @@ from asyncio.events import _get_running_loop
 from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
 
+from .. import _pending
 from .._reporting import SLOW_CALLBACK_DURATION, check_slow_callback_duration
 from .._stats import Stats
 from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
@@ -128,6 +129,11 @@ class TimerThread:
     def time(self) -> float:
         """``time.monotonic()``: the clock of ``call_at`` and ``Handle.when()``."""
         return time.monotonic()
+
+    pending = _pending.pending
+
+    def _pending_handles(self) -> list[Handle]:
+        return self._sched.pending()
 
     def close(self) -> None:
         """Stop and join the timer thread; drop pending timers without calling them.

@@ -26,17 +26,46 @@ actually run out of time.
   handler running in this context.
 
 Everything is logged on the ``bucketimer.grpc`` logger (``_records``).
-Importing this package lets grpc take these interceptors however they are
-registered, and refuse those of the other API clearly (``_registration``).
+Importing this package wraps grpc's constructors that take interceptors,
+so that grpc takes these however they are registered and refuses those of
+the other API clearly: :func:`patch_grpc` (undone by :func:`unpatch_grpc`;
+not done with ``BUCKETIMER_GRPC_PATCH=0``), in ``_registration``.
 """
 
 from __future__ import annotations
 
+# Each name re-exported as itself (``X as X``), so that a type checker in
+# strict mode sees the sync API here: a star import would hide it.
 from ._common import DEFAULT_DETAILS as DEFAULT_DETAILS
+from ._common import DeadlineEvent as DeadlineEvent
+from ._common import SlowCall as SlowCall
+from ._common import current_deadline as current_deadline
 from ._common import grpc as grpc  # the real grpcio package
 from ._common import logger as logger
+from ._common import remaining as remaining
 from ._registration import install as _install
-from .sync import *  # noqa: F403 - this namespace is the sync API
-from .sync import __all__ as __all__
+from ._registration import patch_grpc as patch_grpc
+from ._registration import unpatch_grpc as unpatch_grpc
+from .sync import DeadlineInterrupt as DeadlineInterrupt
+from .sync import DeadlinePropagationInterceptor as DeadlinePropagationInterceptor
+from .sync import DefaultTimeoutInterceptor as DefaultTimeoutInterceptor
+from .sync import ServerDeadlineInterceptor as ServerDeadlineInterceptor
+from .sync import ServerDeadlineSlowCallInterceptor as ServerDeadlineSlowCallInterceptor
+from .sync import SlowCallInterceptor as SlowCallInterceptor
 
-_install()  # grpc's constructors take these interceptors however they are given
+#: this namespace is the sync API (:mod:`bucketimer.grpc.sync`'s ``__all__``);
+#: ``patch_grpc`` and ``unpatch_grpc`` are this package's own
+__all__ = [
+    "DeadlineEvent",
+    "DeadlineInterrupt",
+    "DeadlinePropagationInterceptor",
+    "DefaultTimeoutInterceptor",
+    "ServerDeadlineInterceptor",
+    "ServerDeadlineSlowCallInterceptor",
+    "SlowCall",
+    "SlowCallInterceptor",
+    "current_deadline",
+    "remaining",
+]
+
+_install()  # patch_grpc(), unless BUCKETIMER_GRPC_PATCH=0

@@ -169,6 +169,22 @@ def _observe(fact: DeadlineEvent | SlowCall) -> None:
             logger.exception("bucketimer.grpc: metrics observer %r raised", observer)
 
 
+def _observe_end(call: _DeadlineCall) -> None:
+    """``call``, which its deadline ended, ends now, in its handler's
+    thread or task: where the call's span is current (the span events of
+    ``bucketimer.otel``, docs/monitoring.rst).  Reached by expired calls
+    only."""
+    from bucketimer import _observers
+
+    for observer in _observers.grpc:
+        ended = getattr(observer, "deadline_ended", None)
+        if ended is not None:
+            try:
+                ended(call._method, call._source, call._budget_length(), call._deadline)
+            except Exception:
+                logger.exception("bucketimer.grpc: metrics observer %r raised", observer)
+
+
 # -- status codes ---------------------------------------------------------------------
 
 # grpc.aio contexts report the C core's codes; map them to grpc.StatusCode.

@@ -2,11 +2,19 @@
 function per kind of record, every record with the same ``extra`` fields
 (:data:`FIELDS`; None where one does not apply), so that a formatter or a
 structured-logging handler can name any of them (docs/grpc.rst, "Logging").
+
+Every message is one line.  The handler's stack of a slow call, when
+asked for, is the record's ``stack_info`` (what ``logging`` shows after
+the message, and JSON formatters put in a field of its own), from the
+handler's first frame on (:func:`handler_stack`).
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
+from collections.abc import Callable
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -21,13 +29,16 @@ FIELDS = {
     "grpc_event": 'what happened: "deadline", "slow", "slow_end", "hook_error" or "abort_error"',
     "grpc_side": '"client" or "server"',
     "grpc_method": "the full method name, /package.Service/Method",
-    "grpc_code": "the call's grpc.StatusCode, when known",
+    "grpc_code": 'the name of the call\'s status code ("OK", "DEADLINE_EXCEEDED"...), when known',
     "grpc_elapsed": "seconds since the call (the handler, on the server) started",
     "grpc_budget": "the call's budget in seconds (ServerDeadlineInterceptor)",
     "grpc_source": 'which limit was the budget: "client" (its deadline) or "max_time"',
     "grpc_threshold": "the slow-call threshold in seconds (SlowCallInterceptor)",
     "grpc_finished": "slow-call records: False at the threshold, True at the call's end",
 }
+
+#: what a slow call's ``stack_info`` starts with, as ``logging``'s own
+STACK_HEADER = "Stack (most recent call last):\n"
 
 
 def check_level(level: Any) -> int:
@@ -46,7 +57,8 @@ def check_level(level: Any) -> int:
 def _extra(event: str, side: str | None, method: str | None, *, code: grpc.StatusCode | None = None,
            elapsed: float | None = None, budget: float | None = None, source: str | None = None,
            threshold: float | None = None, finished: bool | None = None) -> dict[str, Any]:
-    return {"grpc_event": event, "grpc_side": side, "grpc_method": method, "grpc_code": code,
+    return {"grpc_event": event, "grpc_side": side, "grpc_method": method,
+            "grpc_code": None if code is None else code.name,
             "grpc_elapsed": elapsed, "grpc_budget": budget, "grpc_source": source,
             "grpc_threshold": threshold, "grpc_finished": finished}
 
@@ -90,13 +102,45 @@ def log_slow(level: int, info: SlowCall, threshold: float) -> None:
         logger.log(level, "slow gRPC %s call %s finished after %.3f s (%s)",
                    info.side, info.method, info.elapsed, code,
                    extra=_slow_extra("slow_end", info, threshold))
-    elif info.stack:
-        logger.log(level, "slow gRPC %s call %s still running after %.3f s; handler stack:\n%s",
-                   info.side, info.method, info.elapsed, info.stack.rstrip("\n"),
-                   extra=_slow_extra("slow", info, threshold))
-    else:
-        logger.log(level, "slow gRPC %s call %s still running after %.3f s",
-                   info.side, info.method, info.elapsed, extra=_slow_extra("slow", info, threshold))
+        return
+    msg, args = "slow gRPC %s call %s still running after %.3f s", (info.side, info.method, info.elapsed)
+    extra = _slow_extra("slow", info, threshold)
+    if not info.stack:
+        logger.log(level, msg, *args, extra=extra)
+        return
+    # logger.log() would take stack_info from this thread: the record is
+    # made here, with the handler's
+    fn, lno, func, _ = logger.findCaller()
+    logger.handle(logger.makeRecord(logger.name, level, fn, lno, msg, args, None, func, extra,
+                                    STACK_HEADER + info.stack.rstrip("\n")))
+
+
+def handler_stack(top: FrameType, limit: int | None, *,
+                  wrapper: Callable[[FrameType], bool] | None = None,
+                  handler: Callable[[FrameType], bool] | None = None) -> str:
+    """The stack of a handler's thread, whose innermost frame is ``top``,
+    formatted as ``traceback.format_stack`` does, from the handler's first
+    frame on: the frames the interceptor's wrapper called (the outermost
+    frame ``wrapper`` recognises, left out), or from the outermost frame
+    ``handler`` recognises (where the wrapper has no frame of its own).
+    What grpc's pool runs the wrapper in (``threading``,
+    ``concurrent.futures``, ``grpc._server``) is left out; the whole stack
+    if no frame is recognised.  At most ``limit`` frames, the innermost."""
+    frames: list[FrameType] = []
+    keep = None
+    f: FrameType | None = top
+    while f is not None:
+        if wrapper is not None and wrapper(f):
+            keep = len(frames)
+        frames.append(f)
+        if handler is not None and handler(f):
+            keep = len(frames)
+        f = f.f_back
+    if keep is not None:
+        del frames[keep:]
+    stack = traceback.StackSummary.extract(((fr, fr.f_lineno) for fr in frames), limit=limit)
+    stack.reverse()
+    return "".join(stack.format())
 
 
 def log_hook_error(what: str, hook: Any, arg: Any) -> None:

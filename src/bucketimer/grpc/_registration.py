@@ -1,18 +1,25 @@
 """Registering the interceptors however grpc lets users do it
-(docs/grpc.rst, "Registering the interceptors").
+(docs/grpc.rst, "Registering the interceptors"), by wrapping the grpc
+constructors that take interceptors: :func:`patch_grpc`, which importing
+``bucketimer.grpc`` calls unless ``BUCKETIMER_GRPC_PATCH=0`` is set, and
+:func:`unpatch_grpc`, which restores them.
 
 grpc.aio's ``Channel`` files each client interceptor under the first of the
 four per-kind interfaces it implements (an if/elif chain), so an object
 implementing all four, as bucketimer's do, would see unary-unary calls only.
-Importing ``bucketimer.grpc`` therefore wraps the constructors that take
-interceptors, for bucketimer's interceptors only (any other object is passed
-to grpc as it was given):
+The wrapped constructors act on bucketimer's interceptors only (any other
+object is passed to grpc as it was given):
 
 * a grpc.aio channel gets one single-kind adapter (:func:`split`) per kind
   a bucketimer interceptor implements, in the order given;
 * a sync interceptor given to grpc.aio, or an aio one given to the sync API,
   raises a ``TypeError`` naming the class to use, when the channel or server
   is made.
+
+Without the wrapping, ``bucketimer.grpc.aio.client_interceptors()`` does
+the splitting, and grpc's own checks apply.  The wrapped functions are
+grpc's private ones (:data:`TARGETS`); ``nox -s grpc-bounds`` tests them on
+the oldest and the newest grpcio supported.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -140,17 +149,37 @@ def _sync_server(interceptors: Iterable[Any] | None) -> list[Any] | None:
 
 # -- the hooks in grpc ------------------------------------------------------------------------
 
+#: ``BUCKETIMER_GRPC_PATCH=0``: importing ``bucketimer.grpc`` wraps nothing
+ENV = "BUCKETIMER_GRPC_PATCH"
 
-def _hook(owner: Any, attr: str, fix: Callable[[Any], Any]) -> None:
+#: (module, class or None, function, what its ``interceptors`` go through):
+#: the grpc functions :func:`patch_grpc` wraps
+TARGETS: list[tuple[str, str | None, str, Callable[[Any], Any]]] = [
+    ("grpc.aio._channel", "Channel", "__init__", _aio_channel),
+    ("grpc.aio._server", "Server", "__init__", _aio_server),
+    ("grpc._server", "_Server", "__init__", _sync_server),
+    ("grpc._interceptor", None, "intercept_channel", _sync_channel),
+]
+
+#: what :func:`patch_grpc` replaced: (owner, attribute) -> grpc's original
+_originals: dict[tuple[Any, str], Any] = {}
+
+
+def _hook(owner: Any, attr: str, fix: Callable[[Any], Any]) -> bool:
     """Make ``owner.attr`` (a function taking an ``interceptors`` argument)
-    pass its interceptors through ``fix`` first; once, and not at all in a
-    grpcio without it (grpc's own checks then apply)."""
+    pass its interceptors through ``fix`` first, once.  False if grpc has
+    no such function (its own checks then apply)."""
     original = getattr(owner, attr, None) if owner is not None else None
-    if original is None or getattr(original, "_bucketimer_fix", None) is not None:
-        return
-    signature = inspect.signature(original)
+    if original is None:
+        return False
+    if getattr(original, "_bucketimer_fix", None) is not None:
+        return True
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):  # pragma: no cover - a very different grpcio
+        return False
     if "interceptors" not in signature.parameters:
-        return
+        return False
 
     @functools.wraps(original)
     def with_interceptors(*args: Any, **kwargs: Any) -> Any:
@@ -160,19 +189,47 @@ def _hook(owner: Any, attr: str, fix: Callable[[Any], Any]) -> None:
         return original(*bound.args, **bound.kwargs)
 
     with_interceptors._bucketimer_fix = fix  # type: ignore[attr-defined]
+    _originals[(owner, attr)] = original
     setattr(owner, attr, with_interceptors)
+    return True
 
 
-def install() -> None:
-    """Hook grpc's constructors that take interceptors (see the module's doc)."""
-    for module, owner, attr, fix in (
-        ("grpc.aio._channel", "Channel", "__init__", _aio_channel),
-        ("grpc.aio._server", "Server", "__init__", _aio_server),
-        ("grpc._server", "_Server", "__init__", _sync_server),
-        ("grpc._interceptor", None, "intercept_channel", _sync_channel),
-    ):
+def patch_grpc() -> list[str]:
+    """Wrap grpc's constructors that take interceptors (:data:`TARGETS`;
+    see the module's doc): the names of those wrapped.  Importing
+    ``bucketimer.grpc`` calls it, unless ``BUCKETIMER_GRPC_PATCH=0``;
+    calling it again does nothing more.  A grpcio without one of them gets
+    a ``RuntimeWarning``: its grpc.aio channels then need
+    ``client_interceptors()``."""
+    done, missing = [], []
+    for module, owner, attr, fix in TARGETS:
+        name = f"{module}.{owner + '.' if owner else ''}{attr}"
         try:
             mod = importlib.import_module(module)
         except ImportError:  # pragma: no cover - a very different grpcio
+            missing.append(name)
             continue
-        _hook(mod if owner is None else getattr(mod, owner, None), attr, fix)
+        if _hook(mod if owner is None else getattr(mod, owner, None), attr, fix):
+            done.append(name)
+        else:
+            missing.append(name)
+    if missing:
+        warnings.warn(f"bucketimer.grpc could not wrap {', '.join(missing)} in this grpcio: "
+                      f"pass grpc.aio client interceptors through "
+                      f"bucketimer.grpc.aio.client_interceptors()", RuntimeWarning, stacklevel=2)
+    return done
+
+
+def unpatch_grpc() -> None:
+    """Give grpc its own constructors back (what :func:`patch_grpc` did is
+    undone; channels and servers made meanwhile keep what they were given)."""
+    while _originals:
+        (owner, attr), original = _originals.popitem()
+        setattr(owner, attr, original)
+
+
+def install() -> None:
+    """What importing ``bucketimer.grpc`` does: :func:`patch_grpc`, unless
+    the environment says ``BUCKETIMER_GRPC_PATCH=0``."""
+    if os.environ.get(ENV, "").strip() != "0":
+        patch_grpc()

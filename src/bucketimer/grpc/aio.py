@@ -39,6 +39,7 @@ from ._common import (
     _method_name,
     _monotonic,
     _NativeCallMethods,
+    _observe_end,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
@@ -174,10 +175,12 @@ class _AioDeadlineContext(_DeadlineCall):
             if (isinstance(exc, _CancelledError) and self._source == "client"
                     and self._deadline - _monotonic() <= _CLIENT_DEADLINE_SLACK):
                 self._report()  # grpc enforced the client's deadline first
+                _observe_end(self)
             return False
         return isinstance(exc, (Exception, _CancelledError)) and not isinstance(exc, _AbortError)
 
     async def _end_expired(self) -> None:
+        _observe_end(self)
         task = self._task
         if task is not None and task.cancelling():
             task.uncancel()

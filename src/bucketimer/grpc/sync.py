@@ -12,8 +12,9 @@ import importlib
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
+from functools import partial
+from operator import is_
 from typing import Any
 
 import grpc
@@ -37,13 +38,14 @@ from ._common import (
     _method_name,
     _monotonic,
     _NativeCallMethods,
+    _observe_end,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
     _SlowCallSettings,
     _TimeoutRules,
 )
-from ._records import log_abort_error
+from ._records import handler_stack, log_abort_error
 
 try:  # the C-core status codes, for cancelling a server call with a status
     _CORE_DEADLINE_EXCEEDED: Any = importlib.import_module(
@@ -185,6 +187,7 @@ class _DeadlineContext(_DeadlineCall):
         return isinstance(exc, DeadlineInterrupt) or (isinstance(exc, Exception) and expired)
 
     def _end_expired(self) -> None:
+        _observe_end(self)
         # The client already has its status; this tells grpc the handler is
         # over without sending a response (grpc skips a cancelled call).
         self._ctx.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self._ic._details)
@@ -397,7 +400,7 @@ class _BothContext(_FusedCall, _DeadlineContext):
             f: Any = top
             while f is not None:
                 if f.f_code is code and f.f_locals.get("call") is self:
-                    return "".join(traceback.format_stack(top, limit=limit))
+                    return handler_stack(top, limit, wrapper=partial(is_, f))
                 f = f.f_back
         return None
 
@@ -424,7 +427,8 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
     status = staticmethod(_code_after)
     if _GrpcUnary is not None:
         ncls = _DeadlineCall._for.__func__(  # type: ignore[attr-defined]
-            _NativeBothContext, dic, method, _sic=sic, _threshold=sic._threshold, _status=status)
+            _NativeBothContext, dic, method, _sic=sic, _threshold=sic._threshold, _status=status,
+            _handler_code=_code_of_callable(behavior))
         wrapper: Callable[..., Any] = _GrpcUnary(ncls, behavior, _deadline_var, dic._timers,
                                                  sic._threshold, dic._max_time)
         return wrapper
@@ -476,6 +480,7 @@ if _backend.NATIVE:
         _method: str
         _sic: SlowCallInterceptor
         _threshold: float
+        _handler_code: Any  # the handler's code object, or None
 
         is_active = _DeadlineContext.is_active
         _end_expired = _DeadlineContext._end_expired
@@ -490,8 +495,10 @@ if _backend.NATIVE:
 
         def _live_stack(self, limit: int | None) -> str | None:
             """The stack of the thread running this call's handler (the
-            caller checked that the call has not ended)."""
-            return _thread_stack(self._ident, limit)
+            caller checked that the call has not ended), from the handler's
+            first frame on."""
+            code = self._handler_code
+            return _thread_stack(self._ident, limit, handler=lambda f: f.f_code is code)
 
         @staticmethod
         def _tail(call: Any, exc: BaseException | None) -> bool | None:
@@ -710,11 +717,18 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
 # -- slow calls ----------------------------------------------------------------------------
 
 
-def _thread_stack(ident: int, limit: int | None) -> str | None:
+def _thread_stack(ident: int, limit: int | None, **where: Any) -> str | None:
+    """Thread ``ident``'s stack from its handler's first frame on
+    (``where``: as :func:`handler_stack` takes it)."""
     frame = sys._current_frames().get(ident)
     if frame is None:
         return None
-    return "".join(traceback.format_stack(frame, limit=limit))
+    return handler_stack(frame, limit, **where)
+
+
+def _code_of_callable(fn: Any) -> Any:
+    """The code object a Python function or bound method runs, or None."""
+    return getattr(getattr(fn, "__func__", fn), "__code__", None)
 
 
 _EXC_CODES = ((DeadlineInterrupt, grpc.StatusCode.DEADLINE_EXCEEDED),)
@@ -745,6 +759,10 @@ class _SlowCall(_SlowCallBase):
         finally:
             self.where = None
 
+    def _is_step(self, frame: Any) -> bool:
+        """Is ``frame`` this call's :meth:`step` (the handler's frames are above it)?"""
+        return frame.f_code is _SlowCall.step.__code__ and frame.f_locals.get("self") is self
+
     def fire(self) -> None:
         """Timer callback (dispatcher thread): the call passed the threshold."""
         if self.done:
@@ -752,7 +770,9 @@ class _SlowCall(_SlowCallBase):
         self.slow = True
         ic = self.interceptor
         ident = self.where
-        stack = _thread_stack(ident, ic._stack_limit) if ident and ic._stack else None
+        stack = None
+        if ident and ic._stack:
+            stack = _thread_stack(ident, ic._stack_limit, wrapper=self._is_step)
         self._report(False, None, stack)
 
     def finish_server(self, context: Any, exc: BaseException | None) -> None:
@@ -846,7 +866,7 @@ class SlowCallInterceptor(
                 f = f.f_back
             if f is None:  # it ended meanwhile: its end reports it
                 return
-            stack = "".join(traceback.format_stack(frame, limit=ic._stack_limit)) if ic._stack else None
+            stack = handler_stack(frame or f, ic._stack_limit, wrapper=partial(is_, f)) if ic._stack else None
             ic._report_server(method, start, False, None, stack)
 
         def slow_stream(request: Any, context: Any) -> Iterator[Any]:
