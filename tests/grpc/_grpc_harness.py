@@ -140,6 +140,28 @@ def wait_for(pred: Callable[[], Any], timeout: float = 3.0) -> bool:
     return True
 
 
+class Call:
+    """One call for :meth:`Backend.invoke_many`: ``/SERVICE/method`` in
+    ``shape`` on ``channel``.  A streamed request is ``requests`` messages
+    ``spacing`` s apart (the client uploading slowly); a streamed response
+    is read ``read_delay`` s after each message (a slow reader); the client
+    cancels the call ``cancel_at`` s after it started."""
+
+    def __init__(self, channel: Any, shape: str, method: str, *, payload: bytes = b"x",
+                 timeout: float | None = None, cancel_at: float | None = None,
+                 requests: int = 1, spacing: float = 0.0, read_delay: float = 0.0) -> None:
+        self.channel, self.shape, self.method, self.payload = channel, shape, method, payload
+        self.timeout, self.cancel_at = timeout, cancel_at
+        self.requests, self.spacing, self.read_delay = requests, spacing, read_delay
+        #: when the client's cancel() was called (seconds after the start), if it was
+        self.cancelled_at: float | None = None
+
+
+def _cancelled_result(got: list[bytes], call: Call, t0: float) -> Result:
+    # both APIs: what a client that cancelled its own call sees
+    return Result(got, grpc.StatusCode.CANCELLED, "cancelled by the client", time.monotonic() - t0)
+
+
 # -- the backends ---------------------------------------------------------------------------
 
 
@@ -178,6 +200,11 @@ class Backend:
     def invoke(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
                timeout: float | None = None) -> Result:
         """Calls ``/SERVICE/method`` in ``shape``; never raises RpcError."""
+        raise NotImplementedError
+
+    def invoke_many(self, calls: list[Call]) -> list[Result]:
+        """Makes ``calls`` at once (threads on sync, tasks on aio); their
+        results, in order."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -266,6 +293,56 @@ class SyncBackend(Backend):
             code, details = grpc.StatusCode.OK, None
         except grpc.RpcError as e:
             code, details = e.code(), e.details()
+        return Result(got, code, details, time.monotonic() - t0)
+
+    def invoke_many(self, calls: list[Call]) -> list[Result]:
+        with futures.ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+            return list(pool.map(self._invoke_call, calls))
+
+    def _invoke_call(self, c: Call) -> Result:
+        path = f"/{SERVICE}/{c.method}"
+
+        def requests() -> Iterator[bytes]:
+            for i in range(c.requests):
+                if i:
+                    time.sleep(c.spacing)
+                yield c.payload
+
+        got: list[bytes] = []
+        t0 = time.monotonic()
+        ch = c.channel
+        if c.shape == "unary_unary":
+            call = ch.unary_unary(path).future(c.payload, timeout=c.timeout)
+        elif c.shape == "stream_unary":
+            call = ch.stream_unary(path).future(requests(), timeout=c.timeout)
+        elif c.shape == "unary_stream":
+            call = ch.unary_stream(path)(c.payload, timeout=c.timeout)
+        else:
+            call = ch.stream_stream(path)(requests(), timeout=c.timeout)
+        timer = None
+        if c.cancel_at is not None:
+            def cancel() -> None:
+                c.cancelled_at = time.monotonic() - t0
+                call.cancel()
+            timer = threading.Timer(c.cancel_at, cancel)
+            timer.start()
+        try:
+            if c.shape in ("unary_unary", "stream_unary"):
+                got.append(call.result())
+            else:
+                for r in call:
+                    got.append(r)
+                    time.sleep(c.read_delay)
+            code, details = grpc.StatusCode.OK, None
+        except grpc.FutureCancelledError:
+            return _cancelled_result(got, c, t0)
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details()
+            if code == grpc.StatusCode.CANCELLED and c.cancelled_at is not None:
+                return _cancelled_result(got, c, t0)
+        finally:
+            if timer is not None:
+                timer.cancel()
         return Result(got, code, details, time.monotonic() - t0)
 
 
@@ -383,6 +460,56 @@ class AioBackend(Backend):
             code, details = grpc.StatusCode.OK, None
         except grpc.RpcError as e:
             code, details = e.code(), e.details()
+        return Result(got, code, details, time.monotonic() - t0)
+
+    def invoke_many(self, calls: list[Call]) -> list[Result]:
+        async def all_calls() -> list[Result]:
+            return list(await asyncio.gather(*(self._invoke_call(c) for c in calls)))
+        return self.run(all_calls())  # type: ignore[no-any-return]
+
+    async def _invoke_call(self, c: Call) -> Result:
+        path = f"/{SERVICE}/{c.method}"
+
+        async def requests() -> AsyncIterator[bytes]:
+            for i in range(c.requests):
+                if i:
+                    await asyncio.sleep(c.spacing)
+                yield c.payload
+
+        got: list[bytes] = []
+        t0 = time.monotonic()
+        ch = c.channel
+        if c.shape == "unary_unary":
+            call = ch.unary_unary(path)(c.payload, timeout=c.timeout)
+        elif c.shape == "stream_unary":
+            call = ch.stream_unary(path)(requests(), timeout=c.timeout)
+        elif c.shape == "unary_stream":
+            call = ch.unary_stream(path)(c.payload, timeout=c.timeout)
+        else:
+            call = ch.stream_stream(path)(requests(), timeout=c.timeout)
+        timer = None
+        if c.cancel_at is not None:
+            def cancel() -> None:
+                c.cancelled_at = time.monotonic() - t0
+                call.cancel()
+            timer = asyncio.get_running_loop().call_later(c.cancel_at, cancel)
+        try:
+            if c.shape in ("unary_unary", "stream_unary"):
+                got.append(await call)
+            else:
+                async for r in call:
+                    got.append(r)
+                    await asyncio.sleep(c.read_delay)
+            code, details = grpc.StatusCode.OK, None
+        except asyncio.CancelledError:
+            if c.cancelled_at is None:
+                raise
+            return _cancelled_result(got, c, t0)
+        except grpc.RpcError as e:
+            code, details = e.code(), e.details()
+        finally:
+            if timer is not None:
+                timer.cancel()
         return Result(got, code, details, time.monotonic() - t0)
 
 
