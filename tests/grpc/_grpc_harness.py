@@ -124,8 +124,13 @@ def stubborn(log: list[Any], stop: threading.Event, limit: float = STUCK,
 
 
 class Result:
-    def __init__(self, responses: list[bytes], code: Any, details: str | None, elapsed: float) -> None:
+    """What a call got: its messages, status and details, how long it took,
+    and the RpcError it raised (``error``), if it did."""
+
+    def __init__(self, responses: list[bytes], code: Any, details: str | None, elapsed: float,
+                 error: BaseException | None = None) -> None:
         self.responses, self.code, self.details, self.elapsed = responses, code, details, elapsed
+        self.error = error
 
     def __repr__(self) -> str:
         return f"Result({self.responses!r}, {self.code}, {self.details!r}, {self.elapsed:.3f}s)"
@@ -290,10 +295,10 @@ class SyncBackend(Backend):
             else:
                 for r in channel.stream_stream(path)(iter([payload]), timeout=timeout):
                     got.append(r)
-            code, details = grpc.StatusCode.OK, None
+            code, details, error = grpc.StatusCode.OK, None, None
         except grpc.RpcError as e:
-            code, details = e.code(), e.details()
-        return Result(got, code, details, time.monotonic() - t0)
+            code, details, error = e.code(), e.details(), e
+        return Result(got, code, details, time.monotonic() - t0, error)
 
     def invoke_many(self, calls: list[Call]) -> list[Result]:
         with futures.ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
@@ -333,17 +338,17 @@ class SyncBackend(Backend):
                 for r in call:
                     got.append(r)
                     time.sleep(c.read_delay)
-            code, details = grpc.StatusCode.OK, None
+            code, details, error = grpc.StatusCode.OK, None, None
         except grpc.FutureCancelledError:
             return _cancelled_result(got, c, t0)
         except grpc.RpcError as e:
-            code, details = e.code(), e.details()
+            code, details, error = e.code(), e.details(), e
             if code == grpc.StatusCode.CANCELLED and c.cancelled_at is not None:
                 return _cancelled_result(got, c, t0)
         finally:
             if timer is not None:
                 timer.cancel()
-        return Result(got, code, details, time.monotonic() - t0)
+        return Result(got, code, details, time.monotonic() - t0, error)
 
 
 class AioBackend(Backend):
@@ -457,10 +462,10 @@ class AioBackend(Backend):
             else:
                 async for r in channel.stream_stream(path)(requests(), timeout=timeout):
                     got.append(r)
-            code, details = grpc.StatusCode.OK, None
+            code, details, error = grpc.StatusCode.OK, None, None
         except grpc.RpcError as e:
-            code, details = e.code(), e.details()
-        return Result(got, code, details, time.monotonic() - t0)
+            code, details, error = e.code(), e.details(), e
+        return Result(got, code, details, time.monotonic() - t0, error)
 
     def invoke_many(self, calls: list[Call]) -> list[Result]:
         async def all_calls() -> list[Result]:
@@ -500,17 +505,17 @@ class AioBackend(Backend):
                 async for r in call:
                     got.append(r)
                     await asyncio.sleep(c.read_delay)
-            code, details = grpc.StatusCode.OK, None
+            code, details, error = grpc.StatusCode.OK, None, None
         except asyncio.CancelledError:
             if c.cancelled_at is None:
                 raise
             return _cancelled_result(got, c, t0)
         except grpc.RpcError as e:
-            code, details = e.code(), e.details()
+            code, details, error = e.code(), e.details(), e
         finally:
             if timer is not None:
                 timer.cancel()
-        return Result(got, code, details, time.monotonic() - t0)
+        return Result(got, code, details, time.monotonic() - t0, error)
 
 
 BACKENDS = ("sync", "aio")

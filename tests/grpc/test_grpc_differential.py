@@ -27,6 +27,7 @@ import dataclasses
 import inspect
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -48,7 +49,7 @@ from _grpc_harness import (  # noqa: E402
 )
 
 from bucketimer import _observers  # noqa: E402
-from bucketimer.grpc import _common  # noqa: E402
+from bucketimer.grpc import flush_reports  # noqa: E402
 
 SC = grpc.StatusCode
 
@@ -307,10 +308,8 @@ def matrix(request: pytest.FixtureRequest) -> Iterator[Matrix]:
 
 def _settle() -> None:
     """Let the reports of calls that ended reach the log, hooks and observers."""
-    flush = getattr(_common, "flush_reports", None)
     time.sleep(0.05)
-    if flush is not None:
-        flush()
+    assert flush_reports(5.0)
 
 
 # -- one row -----------------------------------------------------------------------------
@@ -464,3 +463,140 @@ def test_status_matrix(matrix: Matrix, records: _Records, behaviour: str) -> Non
     pytest.fail("handlers that never ran (the machine stalled past the budget):\n"
                 + "\n".join(undecided))
 
+
+
+# -- a slow peer -------------------------------------------------------------------------------
+
+#: a streamed request: this many messages, this far apart (the client's pace)
+UPLOAD, UPLOAD_GAP = 5, 0.04
+#: a streamed response to a slow reader: messages the size of a flow-control
+#: window, read this far apart
+DOWNLOAD, CHUNK, READ_GAP = 8, 64 * 1024, 0.03
+#: the threshold: under the calls' time (the peer's), far over the handlers' own
+PEER_TH = 0.08
+
+
+def _peer_handlers(backend: Backend, busy: float) -> dict[str, Any]:
+    """Upload (stream-unary, stream-stream) and download (unary-stream)
+    handlers whose own work per message takes ``busy`` seconds."""
+    if isinstance(backend, SyncBackend):
+        def upload(it: Any, ctx: Any) -> bytes:
+            n = 0
+            for _ in it:
+                time.sleep(busy)
+                n += 1
+            return b"%d" % n
+
+        def upload_stream(it: Any, ctx: Any) -> Iterator[bytes]:
+            for r in it:
+                time.sleep(busy)
+                yield r
+
+        def download(req: bytes, ctx: Any) -> Iterator[bytes]:
+            for _ in range(DOWNLOAD):
+                time.sleep(busy)
+                yield b"x" * CHUNK
+    else:
+        async def upload(it: Any, ctx: Any) -> bytes:  # type: ignore[misc]
+            n = 0
+            async for _ in it:
+                await asyncio.sleep(busy)
+                n += 1
+            return b"%d" % n
+
+        async def upload_stream(it: Any, ctx: Any) -> Any:  # type: ignore[misc]
+            async for r in it:
+                await asyncio.sleep(busy)
+                yield r
+
+        async def download(req: bytes, ctx: Any) -> Any:  # type: ignore[misc]
+            for _ in range(DOWNLOAD):
+                await asyncio.sleep(busy)
+                yield b"x" * CHUNK
+
+    return {"Upload": grpc.stream_unary_rpc_method_handler(upload),
+            "UploadStream": grpc.stream_stream_rpc_method_handler(upload_stream),
+            "Download": grpc.unary_stream_rpc_method_handler(download)}
+
+
+@pytest.mark.parametrize("busy", [0.0, PEER_TH / 2], ids=["waits-for-the-peer", "busy-itself"])
+def test_the_peers_pace_is_not_the_handlers_time(backend: Backend, busy: float) -> None:
+    # A slow client's upload and a slow reader's download take longer than
+    # the threshold; the handler's own time does not, unless it is busy
+    # itself: only then is the call slow.  Each call as plain grpc gets it.
+    hooks = Hooks()
+    m = backend.mod
+    configs = {"plain": (), "slow": (m.SlowCallInterceptor(PEER_TH, on_slow=hooks.on_slow),),
+               "slow+deadline": (m.SlowCallInterceptor(PEER_TH, on_slow=hooks.on_slow),
+                                 m.ServerDeadlineInterceptor(5.0))}
+    with contextlib.ExitStack() as stack:
+        channels = {}
+        for name, ics in configs.items():
+            addr = stack.enter_context(backend.serve(_peer_handlers(backend, busy), ics))
+            channels[name] = stack.enter_context(backend.channel(addr))
+        calls = [(name, Call(ch, shape, method, timeout=LONG, **kw))
+                 for name, ch in channels.items()
+                 for shape, method, kw in (
+                     ("stream_unary", "Upload", {"requests": UPLOAD, "spacing": UPLOAD_GAP}),
+                     ("stream_stream", "UploadStream", {"requests": UPLOAD, "spacing": UPLOAD_GAP}),
+                     ("unary_stream", "Download", {"read_delay": READ_GAP}))]
+        results = backend.invoke_many([c for _, c in calls])
+        assert flush_reports(5.0)
+    plain = {c.method: r for (name, c), r in zip(calls, results) if name == "plain"}
+    for (name, c), r in zip(calls, results):
+        want = plain[c.method]
+        assert (r.code, r.responses) == (want.code, want.responses) == (SC.OK, want.responses), (name, c.method)
+        assert r.elapsed > PEER_TH, (name, c.method, r)  # the peer's pace: longer than the threshold
+    slow_methods = sorted({info.method for info in hooks.slow})
+    if busy:  # the handler's own time passed the threshold: each such call reported, twice
+        assert len(hooks.slow) == 12 and {info.code for info in hooks.slow if info.finished} == {SC.OK}
+        assert all(info.peer_wait >= 0.0 for info in hooks.slow)
+    else:
+        assert slow_methods == [], hooks.slow
+
+
+# -- the server's stop ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend_name", ["sync", "aio"])
+def test_a_call_the_servers_stop_ends_is_no_deadline(backend_name: str) -> None:
+    # server.stop() ends calls whose handlers go on past their budget: the
+    # client gets what plain grpc gives it, and nothing is reported as a deadline
+    backend: Backend = SyncBackend() if backend_name == "sync" else AioBackend()
+    hooks = Hooks()
+    m = backend.mod
+    configs = [c for c in CONFIGS if c.client(m, hooks) == () and not (c.sync_only and backend_name != "sync")]
+    trace: dict[str, list[Any]] = {}
+    servers: list[Any] = []
+
+    def handlers(name: str) -> dict[str, Any]:
+        return {"Stop": backend.handler("unary_unary", _work("cancel", name, trace))}
+
+    try:
+        with contextlib.ExitStack() as stack:
+            calls = []
+            for cfg in [PLAIN, *configs]:
+                serving = backend.serve(handlers(cfg.name), cfg.server(m, hooks))
+                addr = serving.__enter__()
+                servers.append(serving)
+                ch = stack.enter_context(backend.channel(addr))
+                calls.append((cfg, Call(ch, "unary_unary", "Stop", payload=b"0",
+                                        timeout=B if cfg is PLAIN else cfg.timeout)))
+            stopper = threading.Timer(B / 2, lambda: [s.__exit__(None, None, None) for s in servers])
+            stopper.start()
+            results = backend.invoke_many([c for _, c in calls])
+            stopper.join(10.0)
+            assert wait_for(lambda: all(_ended(trace, f"{cfg.name}#0") for cfg, _ in calls), LIMIT + 1.0)
+            assert flush_reports(5.0)
+    finally:
+        if isinstance(backend, AioBackend):
+            backend.close()
+    ref = results[0]
+    assert ref.code == SC.UNAVAILABLE, ref  # grpc's "Cancelling all calls"
+    for (cfg, _), r in zip(calls, results):
+        assert (r.code, r.details, r.responses) == (ref.code, ref.details, ref.responses), (cfg.name, r, ref)
+    assert hooks.deadlines == []
+    # the server cannot tell its stop from the client's cancel: both cancel
+    # the call, and a slow call's end says CANCELLED (docs/grpc.rst)
+    ends = [info.code for info in hooks.slow if info.finished]
+    assert ends and set(ends) == {SC.CANCELLED}, hooks.slow

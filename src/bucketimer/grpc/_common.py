@@ -25,7 +25,6 @@ import math
 import re
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
@@ -969,18 +968,21 @@ class _ServerWrapper:
     Generic handlers return the same handler object for every call of a
     method, so the wrapping (new closures, a new RpcMethodHandler) is done
     once per method, not per call.  An interceptor listed after this one
-    that returns a new handler object per call gets the wrapper made for
-    the same behaviour (kept weakly, by behaviour, in ``_by_behavior``);
-    one that makes a new behaviour per call gets a new wrapper, but not a
-    new class (``_classes``).  The caches are cleared when they hold
-    ``_limit`` entries.
+    may return a new handler object per call: the wrapped handler made for
+    an equal one (the same behaviour) is found in ``_by_behavior``; a new
+    behaviour per call gets a new wrapper, but never a new class
+    (``_classes``).  The wrapper holds its behaviour, so those entries are
+    kept strongly, ``_KEPT`` per method; the caches are cleared when they
+    hold ``_limit`` entries.
     """
 
     _limit = 1024
+    _KEPT = 16
 
     def __init__(self, timer_thread: bucketimer.TimerThread | None) -> None:
         self._wrapped: dict[Any, tuple[Any, Any]] = {}
-        self._by_behavior: dict[Any, weakref.WeakKeyDictionary[Any, Any]] = {}
+        #: method -> {behaviour: (grpc's handler, the wrapped one)}
+        self._by_behavior: dict[str, dict[Any, tuple[Any, Any]]] = {}
         #: (base class, method, constants) -> the method's call class
         self._classes: dict[Any, type] = {}
         self._tt = timer_thread
@@ -1011,31 +1013,35 @@ class _ServerWrapper:
         behavior = getattr(handler, kind, None)
         if behavior is None or getattr(behavior, "experimental_non_blocking", False):
             return handler  # non-blocking handlers answer from other threads: left alone
-        by = self._by_behavior.get(method)
+        kept = self._by_behavior.get(method)
         try:
-            wrapped = by.get(behavior) if by is not None else None
-        except TypeError:  # not weakly referable, or unhashable: not kept
-            by, wrapped = None, None
-        if wrapped is None:
-            wrapped = self._wrap(behavior, method, bool(handler.request_streaming),
-                                 bool(handler.response_streaming))
-            if wrapped is not behavior:
-                pool = getattr(behavior, "experimental_thread_pool", None)
-                if pool is not None:
-                    wrapped.experimental_thread_pool = pool  # type: ignore[attr-defined]
-            self._keep(method, behavior, wrapped)
+            entry = kept.get(behavior) if kept is not None else None
+        except TypeError:  # an unhashable behaviour: not kept
+            kept, entry = None, None
+        if entry is not None and entry[0] == handler:  # the same fields: the same wrapping
+            return entry[1]
+        wrapped = self._wrap(behavior, method, bool(handler.request_streaming),
+                             bool(handler.response_streaming))
         if wrapped is behavior:
-            return handler
-        return _replace_behavior(handler, kind, wrapped)
+            replaced = handler
+        else:
+            pool = getattr(behavior, "experimental_thread_pool", None)
+            if pool is not None:
+                wrapped.experimental_thread_pool = pool  # type: ignore[attr-defined]
+            replaced = _replace_behavior(handler, kind, wrapped)
+        self._keep(method, behavior, handler, replaced)
+        return replaced
 
-    def _keep(self, method: str, behavior: Any, wrapped: Any) -> None:
-        by = self._by_behavior.get(method)
-        if by is None:
+    def _keep(self, method: str, behavior: Any, handler: Any, replaced: Any) -> None:
+        kept = self._by_behavior.get(method)
+        if kept is None:
             if len(self._by_behavior) >= self._limit:
                 self._by_behavior.clear()
-            by = self._by_behavior[method] = weakref.WeakKeyDictionary()
+            kept = self._by_behavior[method] = {}
+        elif len(kept) >= self._KEPT:  # a new behaviour per call: keep a few
+            kept.clear()
         try:
-            by[behavior] = wrapped
+            kept[behavior] = (handler, replaced)
         except TypeError:
             pass
 
