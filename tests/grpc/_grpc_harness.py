@@ -162,6 +162,23 @@ class Call:
         self.cancelled_at: float | None = None
 
 
+def _start(c: Call, requests: Any, unary: Callable[[Any], Any] = lambda method: method) -> Any:
+    """``c``'s call, started on its channel with ``requests`` as a streamed
+    request (``unary``: how a unary-response method is started)."""
+    method = getattr(c.channel, c.shape)(f"/{SERVICE}/{c.method}")
+    if c.shape.endswith("_unary"):
+        method = unary(method)
+    return method(requests if c.shape.startswith("stream") else c.payload, timeout=c.timeout)
+
+
+def _canceller(c: Call, call: Any, t0: float) -> Callable[[], None]:
+    """What cancels ``call`` at ``c.cancel_at``, noting when it did."""
+    def cancel() -> None:
+        c.cancelled_at = time.monotonic() - t0
+        call.cancel()
+    return cancel
+
+
 def _cancelled_result(got: list[bytes], call: Call, t0: float) -> Result:
     # both APIs: what a client that cancelled its own call sees
     return Result(got, grpc.StatusCode.CANCELLED, "cancelled by the client", time.monotonic() - t0)
@@ -305,8 +322,6 @@ class SyncBackend(Backend):
             return list(pool.map(self._invoke_call, calls))
 
     def _invoke_call(self, c: Call) -> Result:
-        path = f"/{SERVICE}/{c.method}"
-
         def requests() -> Iterator[bytes]:
             for i in range(c.requests):
                 if i:
@@ -315,21 +330,10 @@ class SyncBackend(Backend):
 
         got: list[bytes] = []
         t0 = time.monotonic()
-        ch = c.channel
-        if c.shape == "unary_unary":
-            call = ch.unary_unary(path).future(c.payload, timeout=c.timeout)
-        elif c.shape == "stream_unary":
-            call = ch.stream_unary(path).future(requests(), timeout=c.timeout)
-        elif c.shape == "unary_stream":
-            call = ch.unary_stream(path)(c.payload, timeout=c.timeout)
-        else:
-            call = ch.stream_stream(path)(requests(), timeout=c.timeout)
+        call = _start(c, requests(), lambda method: method.future)
         timer = None
         if c.cancel_at is not None:
-            def cancel() -> None:
-                c.cancelled_at = time.monotonic() - t0
-                call.cancel()
-            timer = threading.Timer(c.cancel_at, cancel)
+            timer = threading.Timer(c.cancel_at, _canceller(c, call, t0))
             timer.start()
         try:
             if c.shape in ("unary_unary", "stream_unary"):
@@ -473,8 +477,6 @@ class AioBackend(Backend):
         return self.run(all_calls())  # type: ignore[no-any-return]
 
     async def _invoke_call(self, c: Call) -> Result:
-        path = f"/{SERVICE}/{c.method}"
-
         async def requests() -> AsyncIterator[bytes]:
             for i in range(c.requests):
                 if i:
@@ -483,21 +485,10 @@ class AioBackend(Backend):
 
         got: list[bytes] = []
         t0 = time.monotonic()
-        ch = c.channel
-        if c.shape == "unary_unary":
-            call = ch.unary_unary(path)(c.payload, timeout=c.timeout)
-        elif c.shape == "stream_unary":
-            call = ch.stream_unary(path)(requests(), timeout=c.timeout)
-        elif c.shape == "unary_stream":
-            call = ch.unary_stream(path)(c.payload, timeout=c.timeout)
-        else:
-            call = ch.stream_stream(path)(requests(), timeout=c.timeout)
+        call = _start(c, requests())
         timer = None
         if c.cancel_at is not None:
-            def cancel() -> None:
-                c.cancelled_at = time.monotonic() - t0
-                call.cancel()
-            timer = asyncio.get_running_loop().call_later(c.cancel_at, cancel)
+            timer = asyncio.get_running_loop().call_later(c.cancel_at, _canceller(c, call, t0))
         try:
             if c.shape in ("unary_unary", "stream_unary"):
                 got.append(await call)

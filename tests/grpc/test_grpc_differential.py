@@ -159,25 +159,16 @@ async def _maybe(x: Any) -> None:
 
 
 async def _until_stopped(ctx: Any, limit: float) -> None:
-    """Wait until the call stops: ``is_active()`` turns false on sync (a
-    poll), a cancellation on aio (one sleep: many handlers polling at once
-    would hold up the one loop that runs every server of the row)."""
+    """Wait ``limit`` seconds, or until the call stops (``ctx`` given):
+    ``is_active()`` turns false on sync (a poll), a cancellation on aio (one
+    sleep: many handlers polling at once would hold up the one loop that
+    runs every server of the row)."""
     if asyncio._get_running_loop() is None:
         end = time.monotonic() + limit
-        while is_active(ctx) and time.monotonic() < end:
+        while (ctx is None or is_active(ctx)) and time.monotonic() < end:
             time.sleep(0.005)  # Python code between the sleeps: an interrupt lands there
     else:
-        await asyncio.sleep(limit)
-
-
-async def _go_on(seconds: float) -> None:
-    """Keep working for ``seconds``."""
-    if asyncio._get_running_loop() is None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            time.sleep(0.005)
-    else:
-        await asyncio.sleep(max(seconds, 0.0))
+        await asyncio.sleep(max(limit, 0.0))
 
 
 def _work(behaviour: str, method: str, trace: dict[str, list[Any]]) -> Any:
@@ -208,7 +199,7 @@ def _work(behaviour: str, method: str, trace: dict[str, list[Any]]) -> Any:
                     raise
             if behaviour == "cancel":  # goes on past the budget
                 try:
-                    await _go_on(GOES_ON - (time.monotonic() - t0))
+                    await _until_stopped(None, GOES_ON - (time.monotonic() - t0))
                 except asyncio.CancelledError:
                     steps.append("cancelled again")
             if behaviour == "late_raise":
@@ -306,10 +297,17 @@ def matrix(request: pytest.FixtureRequest) -> Iterator[Matrix]:
         yield mx
 
 
-def _settle() -> None:
-    """Let the reports of calls that ended reach the log, hooks and observers."""
-    time.sleep(0.05)
-    assert flush_reports(5.0)
+def _settle(records: _Records) -> None:
+    """Let what the calls that ended report reach the log, hooks and
+    observers: until no record has come for 100 ms (grpc writes its own
+    once a server task has finished), and the reports' thread is done."""
+    end = time.monotonic() + 2.0
+    while True:
+        seen = len(records.records)
+        time.sleep(0.1)
+        assert flush_reports(5.0)
+        if len(records.records) == seen or time.monotonic() > end:
+            return
 
 
 # -- one row -----------------------------------------------------------------------------
@@ -387,7 +385,7 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
     # every handler that ran has ended, and what was reported has arrived
     assert wait_for(lambda: all(_ended(mx.trace, k) for k in keys if k in mx.trace), LIMIT + 1.0), \
         [(k, mx.trace[k], r) for k, r in zip(keys, results) if k in mx.trace and not _ended(mx.trace, k)]
-    _settle()
+    _settle(records)
     recs = records.records[start:]
     deadlines, slows, observed_all = (hooks.deadlines[marks[0]:], hooks.slow[marks[1]:],
                                       hooks.observed[marks[2]:])

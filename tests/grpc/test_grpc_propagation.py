@@ -150,6 +150,16 @@ FRONT = 0.3
 MARGIN = 0.05
 
 
+def _never_in_time(stop: threading.Event) -> Any:
+    """A back end's work that answers only once its call has ended."""
+
+    async def stuck(req: bytes, ctx: Any) -> bytes:
+        await stuck_in_here(lambda: stop.is_set() or not is_active(ctx), 3.0)
+        return b"never in time"
+
+    return stuck
+
+
 def _hop(backend: Backend, name: str, handle: str, down: Any, down_method: str) -> Any:
     """A handler calling ``down``'s ``down_method`` (no timeout of its own);
     ``handle``: what it does with the downstream's error -- lets it through
@@ -185,11 +195,7 @@ def test_budget_exhaustion_through_three_hops(backend: Backend, handle: str, mar
     # (or there is no margin to keep it short)
     events: list[btg.DeadlineEvent] = []
     m = backend.mod
-
-    async def stuck(req: bytes, ctx: Any) -> bytes:
-        await stuck_in_here(lambda: stop.is_set() or not is_active(ctx), 3.0)
-        return b"never in time"
-
+    stuck = _never_in_time(stop)
     deadline = m.ServerDeadlineInterceptor(on_deadline=events.append)
     front = m.ServerDeadlineInterceptor(FRONT, on_deadline=events.append)
     with backend.serve({"Back": backend.handler("unary_unary", stuck)}, (deadline,)) as back_addr, \
@@ -221,11 +227,7 @@ def test_a_downstream_deadline_the_budget_did_not_cause_is_passed_on(backend: Ba
     # deadline of the front end's is reported
     events: list[btg.DeadlineEvent] = []
     m = backend.mod
-
-    async def stuck(req: bytes, ctx: Any) -> bytes:
-        await stuck_in_here(lambda: stop.is_set() or not is_active(ctx), 3.0)
-        return b"never in time"
-
+    stuck = _never_in_time(stop)
     back_ic = m.ServerDeadlineInterceptor(0.05, details="the back end's budget")
     with backend.serve({"Back": backend.handler("unary_unary", stuck)}, (back_ic,)) as back_addr, \
             backend.channel(back_addr, m.DefaultTimeoutInterceptor(5.0)) as to_back, \

@@ -603,7 +603,7 @@ class _DeadlineCall(_ContextProxy):
             deadline, source, due = now + max_time, "max_time", now + max_time
         else:
             deadline = now + (rem if rem > 0.0 else 0.0)
-            source, due = "client", deadline - cls._early
+            source, due = "client", deadline - _EARLY
         call = _new(cls)
         call._ctx = ctx
         call._deadline = deadline
@@ -828,7 +828,7 @@ class _FusedCall(_DeadlineCall):
         else:
             deadline = now + (rem if rem > 0.0 else 0.0)
             call._source = "client"
-            due = deadline - cls._early
+            due = deadline - _EARLY
         call._deadline = deadline  # type: ignore[assignment]
         call._ctx = ctx
         call._start = now
@@ -876,6 +876,21 @@ class _FusedCall(_DeadlineCall):
         with the status the client got."""
         code = self._client_code() or self._status(self._ctx, exc)
         self._sic._report_server(self._method, self._start, True, code, None)
+
+
+class _Requests:
+    """A handler's streamed request, seen through (``_it``) for the call
+    ``_call``: the backends' subclasses do what the call needs around
+    taking the next message."""
+
+    __slots__ = ("_it", "_call")
+
+    def __init__(self, it: Any, call: Any) -> None:
+        self._it = it
+        self._call = call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
 
 
 class _NativeCallMethods:

@@ -44,6 +44,7 @@ from ._common import (
     _monotonic,
     _NativeCallMethods,
     _pass_on,
+    _Requests,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
@@ -326,26 +327,19 @@ _AioDeadlineContext._tail = staticmethod(_tail)  # type: ignore[attr-defined]
 grpc.aio.ServicerContext.register(_AioDeadlineContext)
 
 
-class _Requests:
+class _BudgetRequests(_Requests):
     """A streamed request that ends once the call's budget ran out, as
     grpc's ends on a call whose deadline passed."""
 
-    __slots__ = ("_it", "_call")
+    __slots__ = ()
 
-    def __init__(self, it: Any, call: _AioDeadlineContext) -> None:
-        self._it = it
-        self._call = call
-
-    def __aiter__(self) -> _Requests:
+    def __aiter__(self) -> _BudgetRequests:
         return self
 
     async def __anext__(self) -> Any:
         if self._call._expired:
             raise StopAsyncIteration
         return await self._it.__anext__()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
 
 
 async def _without_budget(behavior: Callable[..., Any], is_gen: bool, request: Any, context: Any) -> Any:
@@ -410,7 +404,7 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
             if call is None:  # no budget: nothing to enforce
                 return await _without_budget(behavior, is_gen, request, context)
             if request_streaming:
-                request = _Requests(request, call)
+                request = _BudgetRequests(request, call)
             token = _deadline_var.set(call)
             try:
                 if is_gen:
@@ -551,29 +545,17 @@ def _look(context: Any, task: Any, timers: Callable[[], bucketimer.TimerThread])
     return _Look(lambda: task is not None and task.cancelling() > 0, context, timers)
 
 
-class _AioPeerRequests:
+class _AioPeerRequests(_Requests):
     """A streamed request whose wait for the client's next message is not
     the handler's own time."""
 
-    __slots__ = ("_it", "_call")
-
-    def __init__(self, it: Any, call: _AioSlowCall) -> None:
-        self._it = it
-        self._call = call
+    __slots__ = ()
 
     def __aiter__(self) -> _AioPeerRequests:
         return self
 
     async def __anext__(self) -> Any:
-        call = self._call
-        call.wait_begin()
-        try:
-            return await self._it.__anext__()
-        finally:
-            call.wait_end()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
+        return await _peer_wait(self._call, self._it.__anext__())
 
 
 class _PeerContext(_common._ContextProxy):
@@ -587,20 +569,19 @@ class _PeerContext(_common._ContextProxy):
         self._call = call
 
     async def write(self, message: Any) -> None:
-        call = self._call
-        call.wait_begin()
-        try:
-            await self._ctx.write(message)
-        finally:
-            call.wait_end()
+        await _peer_wait(self._call, self._ctx.write(message))
 
     async def read(self) -> Any:
-        call = self._call
-        call.wait_begin()
-        try:
-            return await self._ctx.read()
-        finally:
-            call.wait_end()
+        return await _peer_wait(self._call, self._ctx.read())
+
+
+async def _peer_wait(call: _AioSlowCall, waiting: Any) -> Any:
+    """``await waiting``, counted as time the call spent waiting for its client."""
+    call.wait_begin()
+    try:
+        return await waiting
+    finally:
+        call.wait_end()
 
 
 grpc.aio.ServicerContext.register(_PeerContext)

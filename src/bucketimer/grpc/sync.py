@@ -44,6 +44,7 @@ from ._common import (
     _monotonic,
     _NativeCallMethods,
     _pass_on,
+    _Requests,
     _server_code,
     _ServerWrapper,
     _SlowCallBase,
@@ -615,24 +616,16 @@ if _backend.NATIVE:
     grpc.ServicerContext.register(_NativeBothContext)
 
 
-class _ShieldedRequests:
+class _ShieldedRequests(_Requests):
     """A request iterator whose ``next()`` is shielded from interrupts."""
 
-    __slots__ = ("_it", "_call")
-
-    def __init__(self, it: Any, call: _DeadlineContext) -> None:
-        assert isinstance(call, _InterruptibleContext)
-        self._it = it
-        self._call = call
+    __slots__ = ()
 
     def __iter__(self) -> _ShieldedRequests:
         return self
 
     def __next__(self) -> Any:
         return self._call._shield(next, self._it)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
 
 
 def _close(it: Any) -> None:
@@ -708,11 +701,8 @@ def _without_budget(behavior: Callable[..., Any], request: Any, context: Any) ->
     try:
         return behavior(request, context)
     except Exception as exc:
-        details = _pass_on(exc)
-        if details is None:
-            raise
-        context.abort(_DEADLINE_EXCEEDED, details)
-        raise  # pragma: no cover - abort() raises
+        _abort_passing_on(exc, context)
+        raise
     finally:
         _deadline_var.reset(token)
 
@@ -722,11 +712,16 @@ def _stream_without_budget(behavior: Callable[..., Any], request: Any, context: 
     try:
         yield from behavior(request, context)
     except Exception as exc:
-        details = _pass_on(exc)
-        if details is None:
-            raise
+        _abort_passing_on(exc, context)
+        raise
+
+
+def _abort_passing_on(exc: Exception, context: Any) -> None:
+    """End the call with the DEADLINE_EXCEEDED ``exc`` is (or comes from),
+    if it does: grpc's abort raises; else return."""
+    details = _pass_on(exc)
+    if details is not None:
         context.abort(_DEADLINE_EXCEEDED, details)
-        raise  # pragma: no cover - abort() raises
 
 
 class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
@@ -950,15 +945,11 @@ class _SlowCall(_SlowCallBase):
                     self._report(True, code, None)
 
 
-class _PeerRequests:
+class _PeerRequests(_Requests):
     """A streamed request whose ``next()``, waiting for the client, is not
     the handler's own time."""
 
-    __slots__ = ("_it", "_call")
-
-    def __init__(self, it: Any, call: _SlowCall) -> None:
-        self._it = it
-        self._call = call
+    __slots__ = ()
 
     def __iter__(self) -> _PeerRequests:
         return self
@@ -970,9 +961,6 @@ class _PeerRequests:
             return next(self._it)
         finally:
             call.wait_end()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._it, name)
 
 
 class SlowCallInterceptor(
