@@ -930,8 +930,8 @@ class _SlowCall(_SlowCallBase):
             with _lock:
                 if self.slow:
                     self._report(True, _code_after(context, exc, self.look), None)
-                if self.look is not None:
-                    self.look.close()
+        if self.look is not None:
+            self.look.close()
 
     def finish_client(self, outcome: Any) -> None:
         """The client call ended (``outcome``: grpc's call / future / error)."""
