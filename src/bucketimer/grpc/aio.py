@@ -14,6 +14,7 @@ import importlib
 import inspect
 import io
 import linecache
+import logging
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -33,6 +34,7 @@ from ._common import (
     _as_status,
     _BothSettings,
     _client_gone_code,
+    _deadline_status,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
@@ -270,9 +272,10 @@ class _AioDeadlineContext(_DeadlineCall):
         # what the client got (ours, or its deadline's if grpc's came first),
         # whatever the handler set since
         self._ctx.set_code(_DEADLINE_EXCEEDED)
-        if exc is None or isinstance(exc, _ExecuteBatchError):
-            # returned, or used the ended call: grpc finds the call ended as
-            # it would (its abort, or its deadline) and says nothing
+        if exc is None or isinstance(exc, _ExecuteBatchError) or _deadline_status(exc) is exc:
+            # returned, used the ended call, or let a downstream's
+            # DEADLINE_EXCEEDED through (a status, not an error): grpc finds
+            # the call ended as it would (its abort, or its deadline) and says nothing
             task = self._task
             if self._abort is not None and task is not None and task.cancelling():
                 task.uncancel()  # ours, and the handler swallowed it
@@ -290,9 +293,12 @@ class _AioDeadlineContext(_DeadlineCall):
         if self._slow:
             self._end_slow(None)
 
-    async def _end_downstream(self, details: str) -> None:
-        """End the call with DEADLINE_EXCEEDED and ``details`` (raises grpc's
-        abort), reporting a slow call's end."""
+    async def _end_downstream(self, exc: BaseException, details: str) -> None:
+        """End the call with DEADLINE_EXCEEDED and ``details``, the handler
+        having raised ``exc`` from a downstream's (raises grpc's abort),
+        reporting a slow call's end."""
+        if _deadline_status(exc) is not exc:  # the handler's own exception: as grpc logs one
+            _log_like_grpc(exc, self._method)
         try:
             await self._ctx.abort(_DEADLINE_EXCEEDED, details)
         except BaseException as e:
@@ -317,7 +323,7 @@ def _tail(call: Any, exc: BaseException | None) -> Coroutine[Any, Any, None] | N
     if isinstance(exc, Exception) and not isinstance(exc, _AbortError):
         details = call._downstream(exc)
         if details is not None:
-            return call._end_downstream(details)  # type: ignore[no-any-return]
+            return call._end_downstream(exc, details)  # type: ignore[no-any-return]
     if call._slow:
         call._end_slow(exc)
     return None
@@ -342,7 +348,8 @@ class _BudgetRequests(_Requests):
         return await self._it.__anext__()
 
 
-async def _without_budget(behavior: Callable[..., Any], is_gen: bool, request: Any, context: Any) -> Any:
+async def _without_budget(behavior: Callable[..., Any], is_gen: bool, method: str,
+                          request: Any, context: Any) -> Any:
     """A call without a budget: the handler as it is, but a downstream call's
     DEADLINE_EXCEEDED it lets through is passed on as that status."""
     try:
@@ -354,8 +361,22 @@ async def _without_budget(behavior: Callable[..., Any], is_gen: bool, request: A
         details = _pass_on(exc) if not isinstance(exc, _AbortError) else None
         if details is None:
             raise
+        if _deadline_status(exc) is not exc:
+            _log_like_grpc(exc, method)
         await context.abort(_DEADLINE_EXCEEDED, details)
         raise  # pragma: no cover - abort() raises
+
+
+#: grpc.aio's server's logger, and what it writes of a handler's exception
+_grpc_log = logging.getLogger("grpc._cython.cygrpc")
+
+
+def _log_like_grpc(exc: BaseException, method: str) -> None:
+    """Log ``exc``, raised by a handler whose call ends with a downstream's
+    DEADLINE_EXCEEDED, as grpc.aio logs a handler's exception."""
+    # grpc's own text, formatted before it is logged, as grpc does
+    _grpc_log.error(f"Unexpected [{type(exc).__name__}] raised by servicer method [{method}]",
+                    exc_info=exc)
 
 
 class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
@@ -402,7 +423,7 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
         async def deadline_handler(request: Any, context: Any) -> Any:
             call = begin(context, _current_task())
             if call is None:  # no budget: nothing to enforce
-                return await _without_budget(behavior, is_gen, request, context)
+                return await _without_budget(behavior, is_gen, method, request, context)
             if request_streaming:
                 request = _BudgetRequests(request, call)
             token = _deadline_var.set(call)

@@ -32,6 +32,7 @@ from ._common import (
     _BothSettings,
     _client_gone_code,
     _code_of,
+    _deadline_status,
     _deadline_var,
     _DeadlineCall,
     _DeadlineSettings,
@@ -303,10 +304,12 @@ class _DeadlineContext(_DeadlineCall):
             return self._ic._details
         if not isinstance(exc, Exception) or exc is self._abort:
             return None  # not the handler's error: GeneratorExit, SystemExit, an abort
-        if expired:
+        details = self._ic._details if expired else self._downstream(exc)
+        if details is not None and _deadline_status(exc) is not exc:
+            # the handler's own exception (raised from a downstream's, maybe):
+            # logged as grpc would have; a downstream's status let through is not
             _log_like_grpc(exc, what)
-            return self._ic._details
-        return self._downstream(exc)
+        return details
 
 
 class _InterruptibleContext(_DeadlineContext):
@@ -701,7 +704,7 @@ def _without_budget(behavior: Callable[..., Any], request: Any, context: Any) ->
     try:
         return behavior(request, context)
     except Exception as exc:
-        _abort_passing_on(exc, context)
+        _abort_passing_on(exc, context, _CALLING)
         raise
     finally:
         _deadline_var.reset(token)
@@ -712,15 +715,18 @@ def _stream_without_budget(behavior: Callable[..., Any], request: Any, context: 
     try:
         yield from behavior(request, context)
     except Exception as exc:
-        _abort_passing_on(exc, context)
+        _abort_passing_on(exc, context, _ITERATING)
         raise
 
 
-def _abort_passing_on(exc: Exception, context: Any) -> None:
+def _abort_passing_on(exc: Exception, context: Any, what: str) -> None:
     """End the call with the DEADLINE_EXCEEDED ``exc`` is (or comes from),
-    if it does: grpc's abort raises; else return."""
+    if it does: grpc's abort raises (an exception of the handler's own
+    logged as grpc would have); else return."""
     details = _pass_on(exc)
     if details is not None:
+        if _deadline_status(exc) is not exc:
+            _log_like_grpc(exc, what)
         context.abort(_DEADLINE_EXCEEDED, details)
 
 
