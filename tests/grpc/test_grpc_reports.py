@@ -110,3 +110,10 @@ def test_a_failing_report_does_not_stop_the_thread(caplog: pytest.LogCaptureFixt
     assert btg.flush_reports(10.0)
     assert ran == ["after"]
     assert any("a report's bug" in (r.exc_text or str(r.exc_info)) for r in caplog.records)
+
+
+def test_a_hook_may_flush_the_reports_it_is_one_of() -> None:
+    done: list[bool] = []
+    _delivery.put(lambda: done.append(btg.flush_reports(1.0)))
+    assert btg.flush_reports(10.0)
+    assert done == [True]
