@@ -8,6 +8,7 @@ handler thread's stack, and default client timeouts with propagation
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import logging
 import sys
@@ -95,6 +96,23 @@ def _log_like_grpc(exc: BaseException, what: str) -> None:
     _grpc_log.error(details, exc_info=exc)
 
 
+def _current_frames() -> dict[int, Any]:
+    """``sys._current_frames()`` with the cyclic GC held off: CPython 3.11
+    (python/cpython#106883) makes the frames' objects while it holds the
+    lock of its list of threads, and a collection there can run a finalizer
+    that lets go of the GIL -- then a thread ending, which takes that lock
+    holding the GIL, deadlocks the process (seen in this suite).  A flag
+    that another thread may flip meanwhile is what ``gc`` offers: it is put
+    back only if it was on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 # -- asynchronous exceptions (interrupt mode) -------------------------------------------
 
 # Own prototypes, so the shared ctypes.pythonapi function object is not touched.
@@ -178,7 +196,7 @@ class _Retries:
     def _round(self, ic: Any) -> None:
         with self._lock:
             calls, self._calls = self._calls, []
-        frames = sys._current_frames()
+        frames = _current_frames()
         waiting = [c for c in calls if not c._done and not c._interrupt(frames)]
         with self._lock:
             self._calls[:0] = waiting
@@ -450,7 +468,7 @@ class _InterruptibleContext(_DeadlineContext):
         if _OPEN not in window:
             return True  # in grpc through _shield (raised on return), or between windows
         ident = self._ident
-        frame = (sys._current_frames() if frames is None else frames).get(ident)
+        frame = (_current_frames() if frames is None else frames).get(ident)
         if frame is not None and frame.f_code.co_filename.startswith(_UNSAFE_CODE):
             return False
         try:
@@ -524,7 +542,7 @@ class _BothContext(_FusedCall, _DeadlineContext):
         """The stack of the thread running this call's handler: the one
         whose frames include the wrapper's frame of this call."""
         code = self._code
-        for top in sys._current_frames().values():
+        for top in _current_frames().values():
             f: Any = top
             while f is not None:
                 if f.f_code is code and f.f_locals.get("call") is self:
@@ -852,7 +870,7 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.ServerInterceptor):
 
 
 def _thread_stack(ident: int, limit: int | None) -> str | None:
-    frame = sys._current_frames().get(ident)
+    frame = _current_frames().get(ident)
     if frame is None:
         return None
     return "".join(traceback.format_stack(frame, limit=limit))
@@ -1047,7 +1065,7 @@ class SlowCallInterceptor(
             ``start`` in thread ``ident`` passed the threshold, if it is
             still in ``slow_unary``."""
             with _lock:
-                frame = sys._current_frames().get(ident)
+                frame = _current_frames().get(ident)
                 f = frame
                 while f is not None and not (f.f_code is slow_unary.__code__
                                              and f.f_locals.get("start") is start):
