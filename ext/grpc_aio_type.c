@@ -14,7 +14,7 @@
  * send does what `both_coro` does:
  *
  *     call = begin(context, current_task())      # budget, GrpcCall, one timer
- *     token = var.set(call._deadline)
+ *     token = var.set(call if call._deadline is not None else None)
  *     try:
  *         call._where = coro = behavior(request, context or call)
  *         result = await coro                     # send/throw/close forwarded
@@ -183,7 +183,8 @@ static PySendResult aio_start(ext_coro *co, PyObject **result) {
     Py_XDECREF(loop);
     Py_DECREF(task);
     if (!c) goto out;
-    PyObject *token = PyContextVar_Set(w->var, c->deadline);
+    /* the call is the budget remaining() reads and propagation notes on */
+    PyObject *token = PyContextVar_Set(w->var, c->deadline == Py_None ? Py_None : (PyObject *)c);
     if (!token) {
         c->done = 1;
         if (ext_grpc_cancel_timer(w, c->handle) < 0) PyErr_WriteUnraisable((PyObject *)w);

@@ -23,12 +23,15 @@ typedef struct {
     PyObject *handle;         /* the first timer's Handle */
     PyObject *handle2;        /* the second timer's, or None */
     PyObject *where;          /* an aio handler's coroutine while it runs; else NULL */
+    PyObject *abort;          /* Python's: how the handler's end met an abort (None) */
     double start;
+    double bound;             /* Python's: the earliest deadline given downstream (inf) */
     unsigned long ident;      /* the handler's thread */
+    int claimed;              /* Python's: the questions its timer and its end decided */
     char expired, done, slow, first_slow;
 } GrpcCallObject;
 #define GRPC_CALL_REFS(X) X(wrapper) X(ctx) X(deadline) X(source) X(task) X(handle) X(handle2) \
-    X(where)
+    X(where) X(abort)
 
 /* The wrapped behaviour of one method: GrpcUnary (sync) and GrpcAioUnary
  * share this layout, its construction, GC and free list. */
@@ -50,6 +53,7 @@ struct GrpcUnaryObject {
         *str_cancel;
     PyObject *dict;     /* grpc reads and sets attributes of a behaviour */
     double threshold, max_time; /* max_time NaN: none */
+    double early;       /* cls._early: a client budget's first timer is this much before it */
     ext_freelist calls;
     PyObject *call_store[GRPC_CALL_FREELIST];
 };
@@ -72,8 +76,9 @@ extern PyMemberDef ext_grpc_unary_members[];
 
 /* A call begun: its budget from ctx.time_remaining() and max_time, a
  * GrpcCall of w->cls for it (`task`: its _task, NULL: None) and its one timer
- * armed at the earlier of the threshold and the deadline, delivered to
- * `loop` (None: the dispatcher thread).  NULL on error. */
+ * armed at the earlier of the threshold and the deadline (w->early before
+ * it when the budget is the client's deadline), delivered to `loop`
+ * (None: the dispatcher thread).  NULL on error. */
 GrpcCallObject *ext_grpc_call_begin(GrpcUnaryObject *w, PyObject *ctx, PyObject *task,
                                     PyObject *loop);
 /* 1 if the timer was cancelled (it never fires), 0 if not, -1 on error. */

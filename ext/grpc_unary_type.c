@@ -9,9 +9,10 @@
  * call it works out the budget, takes a GrpcCall from its own free list,
  * arms one timer on the dispatcher port (schedule.c's path; the callback is
  * the Python class's _fire with the call as its argument), sets the
- * deadline ContextVar, calls the behaviour, resets the variable and
- * cancels the timer.  Only when the timer fired (a slow or expired call)
- * does it call back into Python (the class's _tail and _end_expired_slow).
+ * ContextVar to the call (the budget remaining() reads), calls the
+ * behaviour, resets the variable and cancels the timer.  Only when the timer
+ * fired (a slow or expired call) or the behaviour raised does it call back
+ * into Python (the class's _tail and _end_expired_slow).
  *
  * GrpcCall is the call: the handler's context proxy and the timer's
  * payload.  Its fields are the attributes the Python methods of its
@@ -30,6 +31,7 @@
 #define Py_T_BOOL T_BOOL
 #define Py_T_OBJECT T_OBJECT
 #define Py_T_ULONG T_ULONG
+#define Py_T_INT T_INT
 #endif
 
 /* Above this, a server's time_remaining() means "no deadline" (grpc/_common.py). */
@@ -64,7 +66,8 @@ static PyObject *GrpcCall_new(PyTypeObject *Py_UNUSED(tp), PyObject *Py_UNUSED(a
 }
 
 /* Python reads every field; it writes only those the C wrappers never read
- * (the flags and _handle2, which the Python methods keep).  The rest are
+ * (the flags, _handle2, _abort, _bound and _claimed, which the Python
+ * methods keep).  The rest are
  * read-only (module.h, "fields Python can reach"): the wrappers use _handle
  * and _deadline after the handler, which receives this object, has run. */
 #define CALL_MEMBER(name, type, field, flags) \
@@ -83,6 +86,9 @@ static PyMemberDef GrpcCall_members[] = {
     CALL_MEMBER("_slow", Py_T_BOOL, slow, 0),
     CALL_MEMBER("_first_slow", Py_T_BOOL, first_slow, Py_READONLY),
     CALL_MEMBER("_where", Py_T_OBJECT_EX, where, Py_READONLY),
+    CALL_MEMBER("_abort", Py_T_OBJECT_EX, abort, 0),
+    CALL_MEMBER("_bound", Py_T_DOUBLE, bound, 0),
+    CALL_MEMBER("_claimed", Py_T_INT, claimed, 0),
     {NULL}};
 
 static PyType_Slot GrpcCall_slots[] = {
@@ -188,8 +194,11 @@ static GrpcCallObject *call_new(GrpcUnaryObject *w, PyObject *ctx) {
     c->handle = NULL;
     c->handle2 = Py_NewRef(Py_None);
     c->where = NULL;
+    c->abort = Py_NewRef(Py_None);
     c->start = 0.0;
+    c->bound = INFINITY;
     c->ident = PyThread_get_thread_ident();
+    c->claimed = 0;
     c->expired = c->done = c->slow = c->first_slow = 0;
     PyObject_GC_Track(c);
     return c;
@@ -267,8 +276,11 @@ GrpcCallObject *ext_grpc_call_begin(GrpcUnaryObject *w, PyObject *ctx, PyObject 
     }
     double first = now + w->threshold;
     c->first_slow = 1;
-    if (has_deadline && deadline < first) {
-        first = deadline;
+    /* a client budget: its early look (grpc ends a call for the client's
+     * deadline a moment before ours; before that, only for a cancel) */
+    double due = has_deadline && source == w->str_client ? deadline - w->early : deadline;
+    if (has_deadline && due < first) {
+        first = due;
         c->first_slow = 0;
     }
     int native;
@@ -299,7 +311,8 @@ static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args,
     if (!c) return NULL;
     int has_deadline = c->deadline != Py_None;
     PyObject *token = NULL, *res = NULL;
-    token = PyContextVar_Set(w->var, c->deadline);
+    /* the call is the budget remaining() reads and propagation notes on */
+    token = PyContextVar_Set(w->var, has_deadline ? (PyObject *)c : Py_None);
     if (!token) {
         c->done = 1;
         if (ext_grpc_cancel_timer(w, c->handle) < 0) PyErr_WriteUnraisable((PyObject *)w);
@@ -317,7 +330,7 @@ static PyObject *GrpcUnary_vectorcall(GrpcUnaryObject *w, PyObject *const *args,
         Py_CLEAR(res);
         Py_CLEAR(exc);
         exc = PyErr_GetRaisedException();
-    } else if (!cancelled) { /* it fired: slow, expired or both (Python says) */
+    } else if (!cancelled || exc) { /* it fired, or the handler raised: Python says how it ends */
         /* as in the Python wrapper's `except` block: exc is being handled */
         PyObject *handled = exc ? PyErr_GetHandledException() : NULL;
         if (exc) PyErr_SetHandledException(exc);
@@ -402,6 +415,13 @@ GrpcUnaryObject *ext_grpc_unary_make(PyTypeObject *tp, vectorcallfunc vectorcall
     w->timers = Py_NewRef(timers);
     w->threshold = threshold;
     w->max_time = max_time;
+    PyObject *early = get_attr(cls, "_early");
+    w->early = early ? PyFloat_AsDouble(early) : -1.0;
+    Py_XDECREF(early);
+    if (w->early == -1.0 && PyErr_Occurred()) {
+        Py_DECREF(w);
+        return NULL;
+    }
     if (!(w->fire = get_attr(cls, "_fire")) || !(w->tail = get_attr(cls, "_tail")) ||
         !(w->str_time_remaining = PyUnicode_InternFromString("time_remaining")) ||
         !(w->str_max_time = PyUnicode_InternFromString("max_time")) ||

@@ -124,6 +124,9 @@ class GrpcCall:
     _slow: bool
     _first_slow: bool
     _where: Any
+    _abort: Any
+    _bound: float
+    _claimed: int
 
 @final
 class GrpcUnary:
@@ -131,7 +134,7 @@ class GrpcUnary:
         cls,
         call_type: type[GrpcCall],
         behavior: Callable[[Any, Any], Any],
-        var: contextvars.ContextVar[float | None],
+        var: contextvars.ContextVar[Any],
         timers: Callable[[], Any],
         threshold: float,
         max_time: float | None,
@@ -151,7 +154,7 @@ if sys.version_info >= (3, 12):
             cls,
             call_type: type[GrpcCall],
             behavior: Callable[[Any, Any], Any],
-            var: contextvars.ContextVar[float | None],
+            var: contextvars.ContextVar[Any],
             timers: Callable[[], Any],
             threshold: float,
             max_time: float | None,

@@ -124,8 +124,13 @@ def stubborn(log: list[Any], stop: threading.Event, limit: float = STUCK,
 
 
 class Result:
-    def __init__(self, responses: list[bytes], code: Any, details: str | None, elapsed: float) -> None:
+    """What a call got: its messages, status and details, how long it took,
+    and the RpcError it raised (``error``), if it did."""
+
+    def __init__(self, responses: list[bytes], code: Any, details: str | None, elapsed: float,
+                 error: BaseException | None = None) -> None:
         self.responses, self.code, self.details, self.elapsed = responses, code, details, elapsed
+        self.error = error
 
     def __repr__(self) -> str:
         return f"Result({self.responses!r}, {self.code}, {self.details!r}, {self.elapsed:.3f}s)"
@@ -138,6 +143,45 @@ def wait_for(pred: Callable[[], Any], timeout: float = 3.0) -> bool:
             return bool(pred())
         time.sleep(0.001)
     return True
+
+
+class Call:
+    """One call for :meth:`Backend.invoke_many`: ``/SERVICE/method`` in
+    ``shape`` on ``channel``.  A streamed request is ``requests`` messages
+    ``spacing`` s apart (the client uploading slowly); a streamed response
+    is read ``read_delay`` s after each message (a slow reader); the client
+    cancels the call ``cancel_at`` s after it started."""
+
+    def __init__(self, channel: Any, shape: str, method: str, *, payload: bytes = b"x",
+                 timeout: float | None = None, cancel_at: float | None = None,
+                 requests: int = 1, spacing: float = 0.0, read_delay: float = 0.0) -> None:
+        self.channel, self.shape, self.method, self.payload = channel, shape, method, payload
+        self.timeout, self.cancel_at = timeout, cancel_at
+        self.requests, self.spacing, self.read_delay = requests, spacing, read_delay
+        #: when the client's cancel() was called (seconds after the start), if it was
+        self.cancelled_at: float | None = None
+
+
+def _start(c: Call, requests: Any, unary: Callable[[Any], Any] = lambda method: method) -> Any:
+    """``c``'s call, started on its channel with ``requests`` as a streamed
+    request (``unary``: how a unary-response method is started)."""
+    method = getattr(c.channel, c.shape)(f"/{SERVICE}/{c.method}")
+    if c.shape.endswith("_unary"):
+        method = unary(method)
+    return method(requests if c.shape.startswith("stream") else c.payload, timeout=c.timeout)
+
+
+def _canceller(c: Call, call: Any, t0: float) -> Callable[[], None]:
+    """What cancels ``call`` at ``c.cancel_at``, noting when it did."""
+    def cancel() -> None:
+        c.cancelled_at = time.monotonic() - t0
+        call.cancel()
+    return cancel
+
+
+def _cancelled_result(got: list[bytes], call: Call, t0: float) -> Result:
+    # both APIs: what a client that cancelled its own call sees
+    return Result(got, grpc.StatusCode.CANCELLED, "cancelled by the client", time.monotonic() - t0)
 
 
 # -- the backends ---------------------------------------------------------------------------
@@ -178,6 +222,11 @@ class Backend:
     def invoke(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
                timeout: float | None = None) -> Result:
         """Calls ``/SERVICE/method`` in ``shape``; never raises RpcError."""
+        raise NotImplementedError
+
+    def invoke_many(self, calls: list[Call]) -> list[Result]:
+        """Makes ``calls`` at once (threads on sync, tasks on aio); their
+        results, in order."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -263,10 +312,47 @@ class SyncBackend(Backend):
             else:
                 for r in channel.stream_stream(path)(iter([payload]), timeout=timeout):
                     got.append(r)
-            code, details = grpc.StatusCode.OK, None
+            code, details, error = grpc.StatusCode.OK, None, None
         except grpc.RpcError as e:
-            code, details = e.code(), e.details()
-        return Result(got, code, details, time.monotonic() - t0)
+            code, details, error = e.code(), e.details(), e
+        return Result(got, code, details, time.monotonic() - t0, error)
+
+    def invoke_many(self, calls: list[Call]) -> list[Result]:
+        with futures.ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+            return list(pool.map(self._invoke_call, calls))
+
+    def _invoke_call(self, c: Call) -> Result:
+        def requests() -> Iterator[bytes]:
+            for i in range(c.requests):
+                if i:
+                    time.sleep(c.spacing)
+                yield c.payload
+
+        got: list[bytes] = []
+        t0 = time.monotonic()
+        call = _start(c, requests(), lambda method: method.future)
+        timer = None
+        if c.cancel_at is not None:
+            timer = threading.Timer(c.cancel_at, _canceller(c, call, t0))
+            timer.start()
+        try:
+            if c.shape in ("unary_unary", "stream_unary"):
+                got.append(call.result())
+            else:
+                for r in call:
+                    got.append(r)
+                    time.sleep(c.read_delay)
+            code, details, error = grpc.StatusCode.OK, None, None
+        except grpc.FutureCancelledError:
+            return _cancelled_result(got, c, t0)
+        except grpc.RpcError as e:
+            code, details, error = e.code(), e.details(), e
+            if code == grpc.StatusCode.CANCELLED and c.cancelled_at is not None:
+                return _cancelled_result(got, c, t0)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return Result(got, code, details, time.monotonic() - t0, error)
 
 
 class AioBackend(Backend):
@@ -380,10 +466,47 @@ class AioBackend(Backend):
             else:
                 async for r in channel.stream_stream(path)(requests(), timeout=timeout):
                     got.append(r)
-            code, details = grpc.StatusCode.OK, None
+            code, details, error = grpc.StatusCode.OK, None, None
         except grpc.RpcError as e:
-            code, details = e.code(), e.details()
-        return Result(got, code, details, time.monotonic() - t0)
+            code, details, error = e.code(), e.details(), e
+        return Result(got, code, details, time.monotonic() - t0, error)
+
+    def invoke_many(self, calls: list[Call]) -> list[Result]:
+        async def all_calls() -> list[Result]:
+            return list(await asyncio.gather(*(self._invoke_call(c) for c in calls)))
+        return self.run(all_calls())  # type: ignore[no-any-return]
+
+    async def _invoke_call(self, c: Call) -> Result:
+        async def requests() -> AsyncIterator[bytes]:
+            for i in range(c.requests):
+                if i:
+                    await asyncio.sleep(c.spacing)
+                yield c.payload
+
+        got: list[bytes] = []
+        t0 = time.monotonic()
+        call = _start(c, requests())
+        timer = None
+        if c.cancel_at is not None:
+            timer = asyncio.get_running_loop().call_later(c.cancel_at, _canceller(c, call, t0))
+        try:
+            if c.shape in ("unary_unary", "stream_unary"):
+                got.append(await call)
+            else:
+                async for r in call:
+                    got.append(r)
+                    await asyncio.sleep(c.read_delay)
+            code, details, error = grpc.StatusCode.OK, None, None
+        except asyncio.CancelledError:
+            if c.cancelled_at is None:
+                raise
+            return _cancelled_result(got, c, t0)
+        except grpc.RpcError as e:
+            code, details, error = e.code(), e.details(), e
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return Result(got, code, details, time.monotonic() - t0, error)
 
 
 BACKENDS = ("sync", "aio")

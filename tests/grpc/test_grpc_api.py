@@ -46,7 +46,8 @@ def test_real_grpc_module_is_used() -> None:
 
 
 def test_public_names() -> None:
-    shared = {"DeadlineEvent", "SlowCall", "current_deadline", "remaining", "DefaultTimeoutInterceptor",
+    shared = {"DeadlineEvent", "SlowCall", "current_deadline", "remaining", "flush_reports",
+              "DefaultTimeoutInterceptor",
               "DeadlinePropagationInterceptor", "ServerDeadlineInterceptor", "SlowCallInterceptor",
               "ServerDeadlineSlowCallInterceptor"}
     assert set(btg.__all__) == shared | {"DeadlineInterrupt"}

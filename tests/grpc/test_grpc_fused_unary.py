@@ -207,6 +207,7 @@ def test_a_slow_call_reports_its_live_stack(tt: bucketimer.TimerThread) -> None:
 
     w = _wrapper(behavior, tt, 0.05, 5.0, on_slow=reports.append)
     assert w(b"ok", StandIn(10.0)) == b"ok"
+    assert btg.flush_reports(5.0)  # reports are delivered on a thread of their own
     assert [r.finished for r in reports] == [False, True]
     assert "_stuck_here" in (reports[0].stack or "") and reports[0].method == METHOD
     assert reports[1].code == grpc.StatusCode.OK and reports[1].elapsed >= 0.05
@@ -225,6 +226,7 @@ def test_a_slow_call_that_raises_reports_its_status(tt: bucketimer.TimerThread) 
     w = _wrapper(behavior, tt, 0.05, None, on_slow=reports.append, stack=False)
     with pytest.raises(KeyError):
         w(b"", StandIn(None))
+    assert btg.flush_reports(5.0)
     assert [(r.finished, r.code, r.stack) for r in reports] == [
         (False, None, None), (True, grpc.StatusCode.NOT_FOUND, None)]
 
@@ -287,6 +289,7 @@ def test_a_reused_call_starts_afresh(tt: bucketimer.TimerThread) -> None:
     ref = weakref.ref(first_ctx)
     with pytest.raises(Aborted):
         w(b"expire", first_ctx)
+    assert btg.flush_reports(5.0)
     assert [r.finished for r in reports] == [False, True]
     del first_ctx
     gc.collect()

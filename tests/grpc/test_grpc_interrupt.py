@@ -195,3 +195,43 @@ def test_interrupt_spares_grpc_request_iterator(backend: SyncBackend, monkeypatc
     assert codes.get(grpc.StatusCode.DEADLINE_EXCEEDED, 0) > 0 and set(codes) <= {
         grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
     assert serving and not thread_errors
+
+
+def test_stuck_handlers_cost_a_backed_off_look_not_a_spin(backend: SyncBackend,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          stop: threading.Event) -> None:
+    # Handlers stuck past their budget in code where an interrupt must not
+    # land (here threading's Event.wait) are looked at again in rounds that
+    # back off to 100 ms, all of them with one read of every thread's frame
+    # -- not each every millisecond -- and are interrupted once they leave it.
+    looks: list[float] = []
+    frames = sys._current_frames
+    monkeypatch.setattr(sys, "_current_frames", lambda: (looks.append(time.monotonic()), frames())[1])
+    stuck = 8
+    gate = threading.Event()
+    log: list[Any] = []
+
+    def work(req: bytes, ctx: Any) -> bytes:
+        try:
+            gate.wait(5.0)  # in threading: no interrupt lands here
+            busy_until(stop.is_set, 5.0)  # its own code: it lands here
+        except btg.DeadlineInterrupt:
+            log.append("interrupted")
+            raise
+        return b""
+
+    ic = btg.ServerDeadlineInterceptor(0.02, interrupt=True)
+    with backend.serve({"Stuck": grpc.unary_unary_rpc_method_handler(work)}, (ic,),
+                       pool=futures.ThreadPoolExecutor(max_workers=stuck)) as addr, \
+            backend.channel(addr) as ch:
+        method = ch.unary_unary(f"/{SERVICE}/Stuck")
+        calls = [method.future(b"") for _ in range(stuck)]
+        assert all(c.exception(ENDED).code() == grpc.StatusCode.DEADLINE_EXCEEDED for c in calls)
+        time.sleep(0.5)
+        t0, t1 = time.monotonic() - 0.4, time.monotonic()
+        recent = [t for t in looks if t0 <= t <= t1]
+        gate.set()  # they leave threading's code: the next round interrupts them
+        assert wait_for(lambda: len(log) == stuck, ENDED)
+    # after the first rounds, about one look per 100 ms for all of them
+    # together (a spin takes one per handler per millisecond: 3,200 here)
+    assert len(recent) <= 10, len(recent)

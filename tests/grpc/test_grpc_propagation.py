@@ -9,6 +9,7 @@ A server's ``time_remaining()`` can exceed the client's timeout by a few ms
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
-from _grpc_harness import SHAPES, Backend, stuck_in_here, wait_for  # noqa: E402
+from _grpc_harness import SERVICE, SHAPES, Backend, is_active, stuck_in_here, wait_for  # noqa: E402
 
 import bucketimer.grpc as btg  # noqa: E402
 import bucketimer.grpc.aio as bta  # noqa: E402
@@ -141,3 +142,120 @@ def test_sync_and_aio_propagation_share_the_budget(backend: Backend) -> None:
     rem_sync, rem_aio, deadline = seen[0]
     assert 0.3 < rem_sync <= 0.5 and 0.3 < rem_aio <= 0.5
     assert deadline is not None and deadline > time.monotonic() - 1.0
+
+
+# -- budget exhaustion through several hops -------------------------------------------------
+
+#: the front end's budget; each hop gives the next its budget less MARGIN
+FRONT = 0.3
+MARGIN = 0.05
+
+
+def _never_in_time(stop: threading.Event) -> Any:
+    """A back end's work that answers only once its call has ended."""
+
+    async def stuck(req: bytes, ctx: Any) -> bytes:
+        await stuck_in_here(lambda: stop.is_set() or not is_active(ctx), 3.0)
+        return b"never in time"
+
+    return stuck
+
+
+def _hop(backend: Backend, name: str, handle: str, down: Any, down_method: str) -> Any:
+    """A handler calling ``down``'s ``down_method`` (no timeout of its own);
+    ``handle``: what it does with the downstream's error -- lets it through
+    ("through"), raises its own from it ("wrapped"), or works on until its
+    own budget ends the call ("works_on")."""
+
+    async def work(req: bytes, ctx: Any) -> bytes:
+        r = await backend.invoke_from_handler(down, "unary_unary", down_method)
+        if r.code == grpc.StatusCode.OK:
+            return r.responses[-1]
+        err = r.error
+        if handle == "through":
+            raise err
+        if handle == "wrapped":
+            raise RuntimeError(f"{name}: the backend failed") from err
+        await stuck_in_here(lambda: not is_active(ctx), 3.0)
+        return b"too late"
+
+    return {name: backend.handler("unary_unary", work)}
+
+
+@pytest.mark.parametrize("handle,margin", [("through", MARGIN), ("through", 0.0), ("wrapped", MARGIN),
+                                           ("works_on", MARGIN)],
+                         ids=["through", "through-no-margin", "wrapped", "works_on"])
+def test_budget_exhaustion_through_three_hops(backend: Backend, handle: str, margin: float,
+                                              stop: threading.Event,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    # front (max_time) -> middle -> back, whose handler never answers in time:
+    # each hop gets its caller's budget less the margin, and every call of
+    # the chain ends with DEADLINE_EXCEEDED and grpc's clean details.  A hop
+    # reports the deadline when its own budget (less its margin) ran out:
+    # the back end's and the middle's then; the front end's, 50 ms short of
+    # its own, passes the status on -- unless it works on to its own end
+    # (or there is no margin to keep it short)
+    events: list[btg.DeadlineEvent] = []
+    m = backend.mod
+    stuck = _never_in_time(stop)
+    deadline = m.ServerDeadlineInterceptor(on_deadline=events.append)
+    front = m.ServerDeadlineInterceptor(FRONT, on_deadline=events.append)
+    with backend.serve({"Back": backend.handler("unary_unary", stuck)}, (deadline,)) as back_addr, \
+            backend.channel(back_addr, m.DefaultTimeoutInterceptor(5.0, margin=margin)) as to_back, \
+            backend.serve(_hop(backend, "Middle", handle, to_back, "Back"), (deadline,)) as mid_addr, \
+            backend.channel(mid_addr, m.DefaultTimeoutInterceptor(5.0, margin=margin)) as to_mid, \
+            backend.serve(_hop(backend, "Front", handle, to_mid, "Middle"), (front,)) as front_addr, \
+            backend.channel(front_addr) as ch:
+        r = backend.invoke(ch, "unary_unary", "Front")
+        front_reports = handle == "works_on" or margin == 0.0
+        assert wait_for(lambda: len(events) >= 2 + front_reports), (r, events)
+        assert btg.flush_reports(5.0)
+        time.sleep(0.05)  # (nothing more comes)
+    assert (r.code, r.details) == (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), r
+    assert r.elapsed < FRONT + 1.0, r
+    got = sorted((ev.method.rsplit("/", 1)[1], ev.source) for ev in events)
+    front = [ev for ev in events if ev.method.endswith("/Front")]
+    if not front_reports and front:
+        # a loaded machine held the middle's status past the front end's
+        # own budget: then that budget ran out, and only then is it reported
+        assert front[0].elapsed >= FRONT, front
+        front_reports = True
+    assert got == [("Back", "client"), *([("Front", "max_time")] if front_reports else []),
+                   ("Middle", "client")], events
+    # a downstream's DEADLINE_EXCEEDED let through is a status, not an error,
+    # whichever came first, it or the hop's own budget; a handler's own
+    # exception ("wrapped") is logged as grpc logs one, by both hops, always
+    errors = sorted(rec.getMessage() for rec in caplog.records
+                    if rec.name.startswith("grpc") and rec.levelno >= logging.ERROR)
+    if handle != "wrapped":
+        assert errors == [], errors
+    elif backend.name == "sync":
+        assert errors == [f"Exception calling application: {hop}: the backend failed"
+                          for hop in ("Front", "Middle")], errors
+    else:
+        assert errors == [f"Unexpected [RuntimeError] raised by servicer method [/{SERVICE}/{hop}]"
+                          for hop in ("Front", "Middle")], errors
+    budgets = {ev.method.rsplit("/", 1)[1]: ev.budget for ev in events}
+    # each hop's budget: its caller's, less the margin (less time in transit)
+    assert budgets["Middle"] <= FRONT - margin + 0.02 and budgets["Back"] <= budgets["Middle"] - margin + 0.02
+
+
+def test_a_downstream_deadline_the_budget_did_not_cause_is_passed_on(backend: Backend,
+                                                                     stop: threading.Event) -> None:
+    # the back end's own max_time (0.05 s) ends its call long before the
+    # front end's budget (5 s): the front end passes the status on, as
+    # grpc-go does a returned status, with the back end's details; no
+    # deadline of the front end's is reported
+    events: list[btg.DeadlineEvent] = []
+    m = backend.mod
+    stuck = _never_in_time(stop)
+    back_ic = m.ServerDeadlineInterceptor(0.05, details="the back end's budget")
+    with backend.serve({"Back": backend.handler("unary_unary", stuck)}, (back_ic,)) as back_addr, \
+            backend.channel(back_addr, m.DefaultTimeoutInterceptor(5.0)) as to_back, \
+            backend.serve(_hop(backend, "Front", "through", to_back, "Back"),
+                          (m.ServerDeadlineInterceptor(5.0, on_deadline=events.append),)) as front_addr, \
+            backend.channel(front_addr) as ch:
+        r = backend.invoke(ch, "unary_unary", "Front", timeout=10.0)
+        assert btg.flush_reports(5.0)
+    assert (r.code, r.details) == (grpc.StatusCode.DEADLINE_EXCEEDED, "the back end's budget"), r
+    assert events == []

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -219,7 +221,8 @@ def handler_budget(kind: str) -> Iterator[None]:
     if kind != "propagation":
         yield
         return
-    token = _common._deadline_var.set(time.monotonic() + 1.5)
+    budget = types.SimpleNamespace(_deadline=time.monotonic() + 1.5, _bound=math.inf)
+    token = _common._deadline_var.set(budget)
     try:
         yield
     finally:

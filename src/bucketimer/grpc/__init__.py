@@ -40,6 +40,7 @@ from ._common import DEFAULT_DETAILS as DEFAULT_DETAILS
 from ._common import DeadlineEvent as DeadlineEvent
 from ._common import SlowCall as SlowCall
 from ._common import current_deadline as current_deadline
+from ._common import flush_reports as flush_reports
 from ._common import grpc as grpc  # the real grpcio package
 from ._common import logger as logger
 from ._common import remaining as remaining
@@ -65,6 +66,7 @@ __all__ = [
     "SlowCall",
     "SlowCallInterceptor",
     "current_deadline",
+    "flush_reports",
     "remaining",
 ]
 
