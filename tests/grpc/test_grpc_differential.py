@@ -429,7 +429,7 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
         if not raced:
             by_budget = cfg.budget is not None and r.code == SC.DEADLINE_EXCEEDED
             differs("deadline records", [x for x in ours if x[0] == "deadline"],
-                    [("deadline", "WARNING", SC.DEADLINE_EXCEEDED)] if by_budget else [])
+                    [("deadline", "WARNING", SC.DEADLINE_EXCEEDED.name)] if by_budget else [])
             differs("on_deadline sources", [ev.source for ev in events],
                     [cfg.budget] if by_budget else [])
         slow_recs = [x for x in ours if x[0] in ("slow", "slow_end")]
@@ -437,7 +437,8 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
             end_code = slow[-1].code if raced else r.code
             differs("slow reports", [(x.finished, x.code) for x in slow], [(False, None), (True, end_code)])
             differs("slow records", slow_recs,
-                    [("slow", "WARNING", None), ("slow_end", "INFO", end_code)])
+                    [("slow", "WARNING", None),
+                     ("slow_end", "INFO", None if end_code is None else end_code.name)])
         else:
             differs("slow records", slow_recs, [])
         if cfg.slow is None:

@@ -9,11 +9,17 @@ dropped and counted, and the thread says how many it dropped (a WARNING on
 ``bucketimer.grpc``) once it catches up.  At exit it delivers what is
 waiting, for up to :data:`EXIT_WAIT` seconds; a child process after
 ``fork()`` starts with an empty queue and a thread of its own.
+
+Each report is delivered in a copy of the context it was made in: an
+interceptor reports from the call's timer, whose callback runs in the
+context the timer was armed in (the handler's), so an observer finds the
+call's span there (``bucketimer.otel``'s span events).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextvars
 import os
 import queue
 import threading
@@ -27,7 +33,7 @@ LIMIT = 100_000
 #: how long the interpreter's exit waits for the reports still waiting
 EXIT_WAIT = 2.0
 
-_Job = tuple[Callable[..., object], tuple[Any, ...]]
+_Job = tuple[contextvars.Context, Callable[..., object], tuple[Any, ...]]
 
 
 class _Delivery:
@@ -45,7 +51,7 @@ class _Delivery:
             self._dropped += 1
             return
         self._waiting += 1
-        self._queue.put((fn, args))
+        self._queue.put((contextvars.copy_context(), fn, args))
         if self._thread is None:
             self._start()
 
@@ -82,9 +88,9 @@ class _Delivery:
 
     @staticmethod
     def _deliver(job: _Job) -> None:
-        fn, args = job
+        ctx, fn, args = job
         try:
-            fn(*args)
+            ctx.run(fn, *args)
         except Exception:  # a report never takes the thread down
             logger.exception("bucketimer.grpc: delivering a report failed")
 
@@ -98,7 +104,7 @@ class _Delivery:
             return True
         done = threading.Event()
         self._waiting += 1  # past the bound too: a flush is never dropped
-        self._queue.put((done.set, ()))
+        self._queue.put((contextvars.Context(), done.set, ()))
         return done.wait(timeout)
 
 
