@@ -23,6 +23,7 @@ native backend, run in a child under the default allocator and under
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import random
@@ -30,11 +31,11 @@ import subprocess
 import sys
 import textwrap
 
+import _hostile
 import pytest
 from _helpers import run_python
 from hypothesis import settings
 
-import _hostile  # noqa: I001  (tests/, as _helpers)
 import bucketimer
 from bucketimer import _backend
 
@@ -216,6 +217,79 @@ CRASHES = {
         loop.run_until_complete(main())
         loop.close()
     """,
+    # A Timeout whose deadline has passed first has the default TimerThread
+    # hand over the loop's due timers; looking the loop up in its record of
+    # ports runs the loop's __hash__, which replaces (and frees) that
+    # TimerThread.  (The pure backend deadlocked there: its lock was held
+    # around the lookup, and close() takes it.)
+    "deliver-due-loop-hash": """
+        import asyncio, gc, bucketimer
+        holder = []
+
+        class Loop(asyncio.SelectorEventLoop):
+            def __hash__(self):
+                if holder and "[active]" in repr(holder[0]):
+                    holder.clear()
+                    bucketimer.default_timer_thread().close()
+                    bucketimer.default_timer_thread()
+                    gc.collect()
+                return object.__hash__(self)
+
+            def __eq__(self, other):
+                return self is other
+
+        def callback():
+            pass
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            bucketimer.call_later(1000, callback).cancel()  # a port for this loop
+            cm = bucketimer.timeout_at(loop.time() - 1)
+            holder.append(cm)
+            try:
+                async with cm:
+                    await asyncio.sleep(0)
+            except TimeoutError:
+                pass
+            print("ok")
+
+        loop = Loop()
+        loop.set_debug(False)
+        loop.run_until_complete(main())
+        loop.close()
+    """,
+    # A deadline that is not a float: its __float__ makes the Timeout let
+    # go of it, then raises OverflowError, after which its sign is asked
+    # (beyond the double range: +-inf) of the freed object.
+    "deadline-float-overflow": """
+        import asyncio, bucketimer
+        holder = []
+
+        class When:
+            def __le__(self, other):
+                return False
+
+            def __float__(self):
+                tm = holder.pop()
+                del self
+                tm.reschedule(None)
+                raise OverflowError("too large")
+
+        async def main():
+            cm = bucketimer.timeout_at(When())
+            holder.append(cm)
+            try:
+                async with cm:
+                    pass
+            except OverflowError:
+                pass
+            print("ok")
+
+        loop = asyncio.SelectorEventLoop()
+        loop.set_debug(False)
+        loop.run_until_complete(main())
+        loop.close()
+    """,
 }
 
 
@@ -225,8 +299,26 @@ def test_crash_regression(name, malloc):
     env = {"PYTHONMALLOC": malloc} if malloc else {}
     if _hostile.child_env()["PYTHONMALLOC"] == "malloc_debug":  # under ASan
         env = {"PYTHONMALLOC": "malloc_debug" if malloc else "malloc"}
-    p = run_python(textwrap.dedent(CRASHES[name]), timeout=60, env=env)
+    p = run_python(textwrap.dedent(CRASHES[name]), timeout=30, env=env)
     assert p.returncode == 0 and p.stdout.split() == ["ok"], (
         f"{name} ({bucketimer.backend}, Python {sys.version.split()[0]}, "
         f"PYTHONMALLOC={env.get('PYTHONMALLOC', '')}): rc {p.returncode}\n"
         f"stdout:\n{p.stdout}\nstderr:\n{_tail(p.stderr)}")
+
+
+def test_drop_in_loop_sleeps_after_the_default_timer_thread_closed():
+    """The default TimerThread is made anew once closed: a running drop-in
+    loop on it keeps its timers working (its fast path must not stay bound
+    to the closed one)."""
+    async def main() -> str:
+        await asyncio.sleep(0.001)
+        bucketimer.default_timer_thread().close()
+        await asyncio.sleep(0.001)
+        return "slept"
+
+    loop = bucketimer.new_event_loop()
+    loop.set_debug(False)
+    try:
+        assert loop.run_until_complete(main()) == "slept"
+    finally:
+        loop.close()
