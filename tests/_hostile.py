@@ -1370,21 +1370,45 @@ def programs() -> Any:
     hostile = st.tuples(st.just("h"), st.sampled_from(sorted(VARIANTS)), number)
     spec = st.one_of(plain, hostile, plain, hostile, hostile,
                      st.tuples(st.just("bad"), st.sampled_from(sorted(BADS)))).map(list)
-    names = sorted(ENTRIES)
+    # the entry points that keep Python objects across Python code come twice
+    names = sorted(ENTRIES) + sorted(FREQUENT)
     step = st.tuples(st.sampled_from(names), spec, spec,
                      st.integers(0, 64 * len(SURFACE))).map(list)
-    # "*": the n-th hook of any kind
-    # counted within one step (0-9), or over the whole program (-1)
+    # "*": the n-th hook of any kind; counted within one step (mostly an
+    # early one), or over the whole program (-1)
     trigger = st.tuples(st.sampled_from(POINTS) | st.just("*"),
                         st.integers(1, 3) | st.integers(1, 12),
-                        st.sampled_from(ACTIONS), st.integers(0, 15),
-                        st.just(-1) | st.integers(0, 3) | st.integers(0, 9)).map(list)
+                        st.sampled_from(ACTIONS + ["cancel", "reschedule", "replace_default"]),
+                        st.integers(0, 15),
+                        st.sampled_from([-1, 0, 1, 2]) | st.integers(0, 9)).map(list)
     return st.fixed_dictionaries({
         "loop": st.sampled_from(sorted(LOOPS)),
         "debug": st.sampled_from([False, False, False, True]),
-        "steps": st.lists(step, min_size=1, max_size=10),
+        "steps": st.lists(step, min_size=1, max_size=6),
         "triggers": st.lists(trigger, max_size=6),
     })
+
+
+FREQUENT = {"enter_timeout", "reschedule", "repr", "loop.call_at", "tt.call_at", "call_later",
+            "cancel"}
+
+#: Programs that crashed the native backend, run first (hypothesis's
+#: explicit examples) unless HOSTILE_NO_EXAMPLES is set (a long run that
+#: looks for new ones).  tests/core/test_hostile.py has each as a plain script.
+KNOWN = [
+    # Handle_repr: %R of `when` cancels the handle, frees the callback
+    {"loop": "dropin", "debug": False, "steps": [["loop.call_at", ["h", "float", 1000.0], ["n", 0], 1], ["repr", ["n", 0], ["n", 0], 0]], "triggers": [["__repr__", 1, "cancel", 0, 1]]},
+    # timeout_arm/deadline_reached: loop.time() reschedules, frees `when`
+    {"loop": "hostile_clock", "debug": False, "steps": [["enter_timeout", ["h", "int", 1000.0], ["n", 0], 1]], "triggers": [["loop.time", 2, "reschedule", 3, 0]]},
+    # timeout_postpone: the loop's __getattribute__ disarms, frees the handle
+    {"loop": "hostile", "debug": False, "steps": [["enter_timeout", ["n", 1000.0], ["n", 0], 1], ["reschedule", ["n", 2000.0], ["n", 0], 1]], "triggers": [["loop.get.time", 2, "reschedule", 0, 1]]},
+    # expire_at/ext_to_seconds: __float__ frees `when`, OverflowError
+    {"loop": "stock", "debug": False, "steps": [["enter_timeout", ["h", "obj", 1000.0], ["n", 0], 1]], "triggers": [["__float__", 1, "reschedule", 0, 0], ["__float__", 1, "raise", 1, 0]]},
+    # expire_at: loop.is_closed() replaces (frees) the default TimerThread
+    {"loop": "hostile", "debug": False, "steps": [["enter_timeout", ["n", 1000.0], ["n", 0], 1]], "triggers": [["loop.is_closed", 1, "replace_default", 0, 0]]},
+    # deliver_to: loop.__hash__ replaces (frees) the default TimerThread
+    {"loop": "hostile", "debug": False, "steps": [["call_later", ["n", 1000.0], ["n", 0], 1], ["enter_timeout", ["n", -1.0], ["n", 0], 1]], "triggers": [["loop.__hash__", 3, "replace_default", 0, 1]]},
+]
 
 
 def describe(program: dict[str, Any]) -> str:
@@ -1419,6 +1443,11 @@ def run_many(examples: int, seed: int | None, last: str | None) -> int:
 
     if seed is not None:
         check = hseed(seed)(check)
+    if not os.environ.get("HOSTILE_NO_EXAMPLES"):
+        from hypothesis import example
+
+        for program in reversed(KNOWN):
+            check = example(program)(check)
     try:
         check()
     finally:
