@@ -1381,12 +1381,34 @@ def programs() -> Any:
                         st.sampled_from(ACTIONS + ["cancel", "reschedule", "replace_default"]),
                         st.integers(0, 15),
                         st.sampled_from([-1, 0, 1, 2]) | st.integers(0, 9)).map(list)
-    return st.fixed_dictionaries({
+    fresh = st.fixed_dictionaries({
         "loop": st.sampled_from(sorted(LOOPS)),
         "debug": st.sampled_from([False, False, False, True]),
         "steps": st.lists(step, min_size=1, max_size=6),
         "triggers": st.lists(trigger, max_size=6),
     })
+
+    # the known crashes' neighbours: another loop, another action or hook,
+    # one more step or trigger (the same mistake elsewhere)
+    @st.composite
+    def neighbour(draw: Any) -> dict[str, Any]:
+        p = json.loads(json.dumps(draw(st.sampled_from(KNOWN))))
+        if draw(st.booleans()):
+            p["loop"] = draw(st.sampled_from(sorted(LOOPS)))
+        t = p["triggers"][draw(st.integers(0, len(p["triggers"]) - 1))]
+        t[0] = draw(st.just(t[0]) | st.sampled_from(POINTS) | st.just("*"))
+        t[1] = draw(st.just(t[1]) | st.integers(1, 4))
+        t[2] = draw(st.just(t[2]) | st.sampled_from(ACTIONS))
+        t[3] = draw(st.just(t[3]) | st.integers(0, 15))
+        if draw(st.booleans()):
+            p["steps"].insert(draw(st.integers(0, len(p["steps"]))), draw(step))
+        if draw(st.booleans()):
+            p["triggers"].append(draw(trigger))
+        return p
+
+    if os.environ.get("HOSTILE_NO_NEIGHBOURS"):  # only new programs
+        return fresh
+    return fresh | fresh | fresh | neighbour()
 
 
 FREQUENT = {"enter_timeout", "reschedule", "repr", "loop.call_at", "tt.call_at", "call_later",
