@@ -1209,7 +1209,7 @@ async def _settle(world: World) -> None:
             won = h.cancel()
             if r.kind == "tt" and won is not True and not fired:
                 world.bad.append(f"{what}: cancel() of a far timer did not win")
-        elif h is None and not fired and not r.cancel_won and (r.due is None or r.due > now):
+        elif h is None and not fired and not r.cancel_called and (r.due is None or r.due > now):
             world.bad.append(f"{what}: its handle is gone, it never ran and was never cancelled")
     for r in world.records:
         h = r.handle()
@@ -1506,8 +1506,10 @@ def child(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 def crashed(p: subprocess.CompletedProcess[str]) -> bool:
-    """Killed by a signal, or a fatal error / sanitizer report (which abort)."""
-    return p.returncode < 0 or "Fatal Python error" in p.stderr or "AddressSanitizer" in p.stderr
+    """Killed by a signal, or a fatal error or a sanitizer's report (ASan
+    aborts; UBSan, halting, exits 1)."""
+    return p.returncode != 0 and (p.returncode < 0 or "Fatal Python error" in p.stderr
+                                  or "Sanitizer" in p.stderr or " runtime error: " in p.stderr)
 
 
 def minimise(program: dict[str, Any], still_fails: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
@@ -1579,9 +1581,7 @@ def campaign(minutes: float, examples: int, out: str) -> None:
         with open(last + ".count") as f:
             ran += int(f.read())
         tag = f"{seed}"
-        if rc == "hang" or rc != 0 and (isinstance(rc, int) and rc < 0
-                                        or "Fatal Python error" in stderr
-                                        or "AddressSanitizer" in stderr):
+        if rc == "hang" or crashed(subprocess.CompletedProcess([], rc, stdout, stderr)):
             crashes += 1
             os.replace(last, os.path.join(out, f"crash-{tag}.json"))
             with open(os.path.join(out, f"crash-{tag}.txt"), "w") as f:
