@@ -985,8 +985,8 @@ def _call(world: World, a: Any, b: Any, i: int) -> None:
     obj = objs[(i // len(SURFACE)) % len(objs)]
     world.holder.append(obj)
     attr = getattr(obj, name)
-    if not callable(attr) or isinstance(attr, type):
-        repr(attr)
+    if not callable(attr) or isinstance(attr, (type, Tracked, Hostile)):
+        repr(attr)  # (a handle's callback is read, not run: that would count as a fire)
         return
     if name == "wait_for" and not PY312:
         # asyncio's wait_for of 3.11 arms its timer before it looks at its
