@@ -306,6 +306,7 @@ def _v(o: Any) -> Any:
 
 
 def _op(name: str, point: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A binary dunder: the hook, then ``fn(value, other's value)``."""
     def op(self: Any, other: Any) -> Any:
         v = self.v
         del self
@@ -313,6 +314,28 @@ def _op(name: str, point: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, 
         return fn(v, _v(other))
     op.__name__ = name
     return op
+
+
+def _unary(point: str, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A unary dunder: the hook, then ``fn(value)``."""
+    def op(self: Any) -> Any:
+        v = self.v
+        del self
+        hook(point)
+        return fn(v)
+    op.__name__ = point
+    return op
+
+
+def _round(self: Any, n: int | None = None) -> Any:
+    v = self.v
+    del self
+    hook("__round__")
+    return round(v, n)
+
+
+def _del(self: Any) -> None:
+    hook("__del__")
 
 
 class Hostile:
@@ -325,42 +348,13 @@ class Hostile:
         self.v = v
         self.key = 0
 
-    def __float__(self) -> float:
-        v = self.v
-        del self
-        hook("__float__")
-        return float(v)
-
-    def __index__(self) -> int:
-        v = self.v
-        del self
-        hook("__index__")
-        return int(v) if math.isfinite(v) else 0
-
-    def __repr__(self) -> str:
-        v = self.v
-        del self
-        hook("__repr__")
-        return f"Hostile({v!r})"
-
-    def __round__(self, n: int | None = None) -> Any:
-        v = self.v
-        del self
-        hook("__round__")
-        return round(v, n)
-
-    def __hash__(self) -> int:
-        v = self.v
-        del self
-        hook("__hash__")
-        return hash(v)
-
-    def __bool__(self) -> bool:
-        v = self.v
-        del self
-        hook("__bool__")
-        return bool(v)
-
+    __float__ = _unary("__float__", float)
+    __index__ = _unary("__index__", lambda v: int(v) if math.isfinite(v) else 0)
+    __repr__ = _unary("__repr__", lambda v: f"Hostile({v!r})")
+    __hash__ = _unary("__hash__", hash)
+    __bool__ = _unary("__bool__", bool)
+    __round__ = _round
+    __del__ = _del
     __eq__ = _op("__eq__", "__eq__", lambda a, b: bool(a == b))  # type: ignore[assignment]
     __lt__ = _op("__lt__", "__lt__", lambda a, b: bool(a < b))
     __le__ = _op("__le__", "__le__", lambda a, b: bool(a <= b))
@@ -379,9 +373,6 @@ class Hostile:
             w.fired[key] += 1
         hook("callback")
 
-    def __del__(self) -> None:
-        hook("__del__")
-
 
 class HIndex:
     """An integer only through ``__index__``."""
@@ -392,13 +383,8 @@ class HIndex:
         self.v = v
 
     __index__ = Hostile.__index__
-    __del__ = Hostile.__del__
-
-    def __repr__(self) -> str:
-        v = self.v
-        del self
-        hook("__repr__")
-        return f"HIndex({v!r})"
+    __repr__ = _unary("__repr__", lambda v: f"HIndex({v!r})")
+    __del__ = _del
 
 
 class HFloat(float):
@@ -409,29 +395,17 @@ class HFloat(float):
     def v(self) -> float:
         return float.__float__(self)
 
-    def __repr__(self) -> str:
-        v = self.v
-        del self
-        hook("__repr__")
-        return f"HFloat({v!r})"
-
-    def __hash__(self) -> int:
-        v = self.v
-        del self
-        hook("__hash__")
-        return hash(v)
-
+    __repr__ = _unary("__repr__", lambda v: f"HFloat({v!r})")
+    __hash__ = Hostile.__hash__
     __float__ = Hostile.__float__
-    __round__ = Hostile.__round__
+    __round__ = _round
     __bool__ = Hostile.__bool__
+    __del__ = _del
     __eq__ = _op("__eq__", "__eq__", lambda a, b: a == b)  # type: ignore[assignment]
     __lt__ = _op("__lt__", "__lt__", lambda a, b: a < b)  # type: ignore[assignment]
     __le__ = _op("__le__", "__le__", lambda a, b: a <= b)  # type: ignore[assignment]
     __add__ = _op("__add__", "__add__", lambda a, b: HFloat(a + b))  # type: ignore[assignment]
     __radd__ = __add__  # type: ignore[assignment]
-
-    def __del__(self) -> None:
-        hook("__del__")
 
 
 class HInt(int):
@@ -441,38 +415,16 @@ class HInt(int):
     def v(self) -> int:
         return int.__index__(self)
 
-    def __repr__(self) -> str:
-        v = self.v
-        del self
-        hook("__repr__")
-        return f"HInt({v!r})"
-
-    def __hash__(self) -> int:
-        v = self.v
-        del self
-        hook("__hash__")
-        return hash(v)
-
-    def __float__(self) -> float:
-        v = self.v
-        del self
-        hook("__float__")
-        return float(v)
-
-    def __index__(self) -> int:
-        v = self.v
-        del self
-        hook("__index__")
-        return v
-
+    __repr__ = _unary("__repr__", lambda v: f"HInt({v!r})")
+    __hash__ = Hostile.__hash__
+    __float__ = Hostile.__float__
+    __index__ = _unary("__index__", int)
+    __del__ = _del
     __eq__ = _op("__eq__", "__eq__", lambda a, b: a == b)  # type: ignore[assignment]
     __lt__ = _op("__lt__", "__lt__", lambda a, b: a < b)  # type: ignore[assignment]
     __le__ = _op("__le__", "__le__", lambda a, b: a <= b)  # type: ignore[assignment]
     __add__ = _op("__add__", "__add__", lambda a, b: HFloat(a + float(b)))  # type: ignore[assignment]
     __radd__ = __add__  # type: ignore[assignment]
-
-    def __del__(self) -> None:
-        hook("__del__")
 
 
 #: what a spec ["h", variant, x] makes of x

@@ -114,12 +114,27 @@ def test_every_type_and_name_is_reached():
 
 # -- regressions: programs that crashed the native backend ----------------------------------
 
+#: what each script below starts with: run(main, loop class) runs main()
+#: on a new loop of that class, not in debug mode (the child's -X dev would
+#: give the drop-in loop asyncio's timers), and prints "ok" if it returns
+PRELUDE = """
+import asyncio, gc, bucketimer
+
+def run(main, loop_class=asyncio.SelectorEventLoop):
+    loop = loop_class()
+    loop.set_debug(False)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    print("ok")
+"""
+
 CRASHES = {
     # repr() of a drop-in loop handle: formatting `when` (%R) runs its
     # __repr__, which cancels the handle and frees the callback the second
     # %R then formats.
     "loophandle-repr": """
-        import bucketimer
         holder = []
 
         class When(float):
@@ -131,20 +146,19 @@ CRASHES = {
             def __call__(self):
                 pass
 
-        loop = bucketimer.new_event_loop()
-        loop.set_debug(False)
-        h = loop.call_at(When(loop.time() + 1000), Callback())
-        holder.append(h)
-        r = repr(h)
-        assert isinstance(r, str) and h.cancelled(), (r, h.cancelled())
-        loop.close()
-        print("ok")
+        async def main():
+            loop = asyncio.get_running_loop()
+            h = loop.call_at(When(loop.time() + 1000), Callback())
+            holder.append(h)
+            r = repr(h)
+            assert isinstance(r, str) and h.cancelled(), (r, h.cancelled())
+
+        run(main, bucketimer.EventLoop)
     """,
     # Entering a Timeout on a loop with a clock of its own: its time()
     # reschedules the Timeout being entered, which lets go of the deadline
     # the entry is comparing.
     "timeout-enter-own-clock": """
-        import asyncio, bucketimer
         holder = []
 
         class Loop(asyncio.SelectorEventLoop):
@@ -159,18 +173,13 @@ CRASHES = {
             async with cm:
                 pass
             assert not cm.expired()
-            print("ok")
 
-        loop = Loop()
-        loop.set_debug(False)
-        loop.run_until_complete(main())
-        loop.close()
+        run(main, Loop)
     """,
     # reschedule() to a later deadline asks the loop for its `time`
     # attribute; the loop's __getattribute__ reschedules the same Timeout to
     # None, which cancels and frees the expiry handle being postponed.
     "timeout-postpone-getattribute": """
-        import asyncio, bucketimer
         holder = []
 
         class Loop(asyncio.SelectorEventLoop):
@@ -184,18 +193,13 @@ CRASHES = {
             async with bucketimer.timeout_at(now + 1000.0) as cm:
                 holder.append(cm)
                 cm.reschedule(now + 2000.0)
-            print("ok")
 
-        loop = Loop()
-        loop.set_debug(False)
-        loop.run_until_complete(main())
-        loop.close()
+        run(main, Loop)
     """,
     # Arming a Timeout on the default TimerThread: the loop's is_closed(),
     # asked while the loop's port is opened, replaces the default
     # TimerThread; the one being armed on is freed under the arming.
     "timeout-arm-default-replaced": """
-        import asyncio, gc, bucketimer
         armed = []
 
         class Loop(asyncio.SelectorEventLoop):
@@ -211,12 +215,8 @@ CRASHES = {
             armed.append(1)
             async with bucketimer.timeout(1000):
                 pass
-            print("ok")
 
-        loop = Loop()
-        loop.set_debug(False)
-        loop.run_until_complete(main())
-        loop.close()
+        run(main, Loop)
     """,
     # A Timeout whose deadline has passed first has the default TimerThread
     # hand over the loop's due timers; looking the loop up in its record of
@@ -224,7 +224,6 @@ CRASHES = {
     # TimerThread.  (The pure backend deadlocked there: its lock was held
     # around the lookup, and close() takes it.)
     "deliver-due-loop-hash": """
-        import asyncio, gc, bucketimer
         holder = []
 
         class Loop(asyncio.SelectorEventLoop):
@@ -252,18 +251,13 @@ CRASHES = {
                     await asyncio.sleep(0)
             except TimeoutError:
                 pass
-            print("ok")
 
-        loop = Loop()
-        loop.set_debug(False)
-        loop.run_until_complete(main())
-        loop.close()
+        run(main, Loop)
     """,
     # A deadline that is not a float: its __float__ makes the Timeout let
     # go of it, then raises OverflowError, after which its sign is asked
     # (beyond the double range: +-inf) of the freed object.
     "deadline-float-overflow": """
-        import asyncio, bucketimer
         holder = []
 
         class When:
@@ -284,12 +278,8 @@ CRASHES = {
                     pass
             except OverflowError:
                 pass
-            print("ok")
 
-        loop = asyncio.SelectorEventLoop()
-        loop.set_debug(False)
-        loop.run_until_complete(main())
-        loop.close()
+        run(main)
     """,
 }
 
@@ -300,7 +290,7 @@ def test_crash_regression(name, malloc):
     env = {"PYTHONMALLOC": malloc} if malloc else {}
     if _hostile.child_env()["PYTHONMALLOC"] == "malloc_debug":  # under ASan
         env = {"PYTHONMALLOC": "malloc_debug" if malloc else "malloc"}
-    p = run_python(textwrap.dedent(CRASHES[name]), timeout=30, env=env)
+    p = run_python(PRELUDE + textwrap.dedent(CRASHES[name]), timeout=30, env=env)
     assert p.returncode == 0 and p.stdout.split() == ["ok"], (
         f"{name} ({bucketimer.backend}, Python {sys.version.split()[0]}, "
         f"PYTHONMALLOC={env.get('PYTHONMALLOC', '')}): rc {p.returncode}\n"
