@@ -70,7 +70,10 @@ class Scheduler:
         # cancelled timer's; _AWAKE while it is not waiting): only a timer
         # due before it needs a wake (the core's rule 4, docs/design.rst).
         self._sleeping_until = _AWAKE
-        self._loops: dict[asyncio.AbstractEventLoop, LoopOutbox] = {}
+        # keyed by id(loop) (each outbox holds its loop): a loop's __hash__
+        # and __eq__ may be Python code, which must not run under the lock
+        # (closing this TimerThread from there would deadlock)
+        self._loops: dict[int, LoopOutbox] = {}
         self._dispatcher = DispatcherOutbox(self)
         self._inflight: dict[int, Batch] = {}  # posted batches not yet started
         self._counts = dict.fromkeys(_COUNTERS, 0)
@@ -94,6 +97,7 @@ class Scheduler:
     def schedule(self, deadline_ns: int, when: float, callback: Callable[..., object],
                  args: tuple[Any, ...], context: Any,
                  loop: asyncio.AbstractEventLoop | None) -> Handle:
+        new_loop = None  # a loop seen for the first time: its close is watched
         with self._lock:
             if self._closed:
                 raise RuntimeError("TimerThread is closed")
@@ -101,7 +105,11 @@ class Scheduler:
             if loop is None:
                 outbox = self._dispatcher
             else:
-                outbox = self._loops.get(loop) or self._new_outbox(loop)
+                found = self._loops.get(id(loop))
+                if found is None:
+                    found = self._loops[id(loop)] = LoopOutbox(self, loop)
+                    new_loop = loop
+                outbox = found
             timer_id = next(self._ids)
             handle = Handle(self, timer_id, when, deadline_ns, callback, args, context, outbox)
             heap = self._heap
@@ -112,6 +120,8 @@ class Scheduler:
                 self._wake.notify()
         if _armed_hook is not None:
             _armed_hook(handle)
+        if new_loop is not None:  # (it sets an attribute of the loop: not under the lock)
+            _watch_close(new_loop, weakref.ref(self))
         return handle
 
     def pending(self) -> list[Handle]:
@@ -121,11 +131,6 @@ class Scheduler:
             out = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
             out += [h for batch in self._inflight.values() for h in batch if h._state == POSTED]
         return out
-
-    def _new_outbox(self, loop: asyncio.AbstractEventLoop) -> Outbox:
-        outbox = self._loops[loop] = LoopOutbox(self, loop)
-        _watch_close(loop, weakref.ref(self))
-        return outbox
 
     def cancel(self, handle: Handle) -> bool:
         with self._lock:
@@ -193,7 +198,7 @@ class Scheduler:
         waited for until it is handed over; what is due and not yet taken,
         the caller takes itself."""
         with self._lock:
-            if loop not in self._loops:
+            if id(loop) not in self._loops:
                 return
             while self._submitting and not self._closed:
                 self._submitted.wait()
@@ -305,7 +310,7 @@ class Scheduler:
         be thrown away) and those still pending (they stay in the heap, dead,
         until they reach its top or a sweep)."""
         with self._lock:
-            outbox = self._loops.pop(loop, None)
+            outbox = self._loops.pop(id(loop), None)
             if outbox is None:
                 return
             batches = [b for b in self._inflight.values() if b and b[0]._outbox is outbox]
