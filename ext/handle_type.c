@@ -65,8 +65,8 @@ static void Handle_dealloc(HandleObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
-    ext_state *st = self->tt ? self->tt->st : NULL; /* the module outlives its TimerThreads */
     Handle_clear(self);
+    ext_state *st = ext_state_alive(tp);
     /* one free list for both types: a taken object is made anew as either */
     if (st && (tp == st->Handle_Type || tp == st->LoopHandle_Type) &&
         ext_freelist_put(&st->handles, (PyObject *)self))

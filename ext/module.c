@@ -60,6 +60,9 @@ static PyMethodDef module_functions[] = {
      "default_timer_thread($module, /)\n--\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
     {"_set_default_class", module_set_default_class, METH_O, NULL},
+    {"_scheduler", ext_default_scheduler, METH_VARARGS,
+     "_scheduler(loop, absolute, /)\n--\n\nThe drop-in loop's call_at (absolute) or call_later, "
+     "on the default TimerThread, whichever it is when called."},
     {"_set_armed_hook", module_set_armed_hook, METH_O,
      "_set_armed_hook($module, hook, /)\n--\n\nhook(handle) is called with every Handle "
      "scheduled from now on (None: nothing is; bucketimer.trace_timers)."},

@@ -145,6 +145,17 @@ static inline ext_state *ext_state_of_type(PyTypeObject *tp) {
     return m ? ext_state_of_module(m) : NULL;
 }
 
+/* In a dealloc: the state of the module that made `tp` (exactly), or NULL
+ * when that module is going.  At interpreter exit the last collection may
+ * clear a type's module reference and free the module, whose state holds
+ * the free lists, while instances of the type are still to be freed; a
+ * type holds its module (ht_module, a strong reference) until then, and
+ * never sets an error here. */
+static inline ext_state *ext_state_alive(PyTypeObject *tp) {
+    PyObject *m = ((PyHeapTypeObject *)tp)->ht_module;
+    return m ? ext_state_of_module(m) : NULL;
+}
+
 /* ---- objects ------------------------------------------------------------ */
 
 enum handle_state { H_PENDING = 0, H_CANCELLED = 1, H_RAN = 2, H_DROPPED = 3 };
@@ -352,6 +363,7 @@ int64_t ext_port_drain_bound(PortObject *self);
 
 /* scheduler_type.c */
 PyObject *ext_TimerThread_scheduler(TimerThreadObject *self, PyObject *args);
+PyObject *ext_default_scheduler(PyObject *m, PyObject *args);
 
 /* timeout_type.c */
 PyObject *ext_throw_args_exception(PyObject *const *args, Py_ssize_t nargs);

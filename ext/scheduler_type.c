@@ -3,7 +3,9 @@
  * (TimerThread, loop), set on the loop instance (loop.py), so that
  * loop.call_later(d, cb) is one vectorcall into schedule.c.  Its handles
  * are LoopHandles, with asyncio.TimerHandle's semantics (cancel() returns None).  A
- * Scheduler never changes once made; it is called with the GIL held.
+ * Scheduler never changes once made; it is called with the GIL held.  One
+ * made for the default TimerThread (_core._scheduler) follows the default,
+ * which is made anew once closed.
  */
 #include "module.h"
 
@@ -14,7 +16,8 @@
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    TimerThreadObject *tt;
+    ext_state *st;
+    TimerThreadObject *tt; /* NULL: the default TimerThread, whichever it is */
     PyObject *loop;
     int absolute;
 } SchedulerObject;
@@ -69,21 +72,28 @@ static PyObject *Scheduler_vectorcall(SchedulerObject *self, PyObject *const *ar
     PyObject *context = NULL;
     if (ext_parse_schedule_args(args, nargs, kwnames, self->absolute, NULL, &context) < 0)
         return NULL;
-    /* tt and loop change only when the GC clears the Scheduler, which it
-     * does not while the Scheduler is being called: NULL here, or set
+    /* loop changes only when the GC clears the Scheduler, which it does
+     * not while the Scheduler is being called: NULL here, or set
      * throughout the call. */
-    if (!self->tt) {
+    if (!self->loop) {
         PyErr_SetString(PyExc_RuntimeError, "this Scheduler was cleared");
         return NULL;
     }
-    if (ext_check_open(self->tt) < 0) return NULL;
+    /* held: scheduling runs Python code, which may replace the default */
+    TimerThreadObject *tt = self->tt ? self->tt : ext_default_tt(self->st);
+    if (!tt) return NULL;
+    Py_INCREF(tt);
     int absolute = self->absolute;
     double t;
-    if (loop_time_arg(args[0], &absolute, &t) < 0) return NULL;
+    if (ext_check_open(tt) < 0 || loop_time_arg(args[0], &absolute, &t) < 0) {
+        Py_DECREF(tt);
+        return NULL;
+    }
     /* NaN: asyncio's heap runs it at once (`when >= end_time` is false) */
     int nan = isnan(t);
-    PyObject *h = ext_schedule(self->tt, absolute, nan ? -INFINITY : t, args[1], args + 2,
+    PyObject *h = ext_schedule(tt, absolute, nan ? -INFINITY : t, args[1], args + 2,
                                nargs - 2, self->loop, context, EXT_SCHED_COMPAT);
+    Py_DECREF(tt);
     if (h && nan) ext_handle_when_nan(h);
     else if (h && self->absolute) ext_handle_keep_when(h, args[0]);
     return h;
@@ -121,18 +131,33 @@ PyType_Spec Scheduler_spec = {
     .slots = Scheduler_slots,
 };
 
-/* TimerThread._scheduler(loop, absolute) */
+static PyObject *new_scheduler(ext_state *st, TimerThreadObject *tt, PyObject *loop,
+                               int absolute) {
+    SchedulerObject *o = PyObject_GC_New(SchedulerObject, st->Scheduler_Type);
+    if (!o) return NULL;
+    o->vectorcall = (vectorcallfunc)Scheduler_vectorcall;
+    o->st = st;
+    o->tt = (TimerThreadObject *)Py_XNewRef(tt);
+    o->loop = Py_NewRef(loop);
+    o->absolute = absolute;
+    PyObject_GC_Track(o);
+    return (PyObject *)o;
+}
+
+/* TimerThread._scheduler(loop, absolute): bound to this TimerThread. */
 PyObject *ext_TimerThread_scheduler(TimerThreadObject *self, PyObject *args) {
     PyObject *loop;
     int absolute;
     if (!PyArg_ParseTuple(args, "Op:_scheduler", &loop, &absolute)) return NULL;
     if (!self->st) return ext_raise_errno(-EINVAL, "_scheduler");
-    SchedulerObject *o = PyObject_GC_New(SchedulerObject, self->st->Scheduler_Type);
-    if (!o) return NULL;
-    o->vectorcall = (vectorcallfunc)Scheduler_vectorcall;
-    o->tt = (TimerThreadObject *)Py_NewRef(self);
-    o->loop = Py_NewRef(loop);
-    o->absolute = absolute;
-    PyObject_GC_Track(o);
-    return (PyObject *)o;
+    return new_scheduler(self->st, self, loop, absolute);
+}
+
+/* _core._scheduler(loop, absolute): bound to the default TimerThread,
+ * whichever it is when called. */
+PyObject *ext_default_scheduler(PyObject *m, PyObject *args) {
+    PyObject *loop;
+    int absolute;
+    if (!PyArg_ParseTuple(args, "Op:_scheduler", &loop, &absolute)) return NULL;
+    return new_scheduler(ext_state_of_module(m), NULL, loop, absolute);
 }

@@ -137,7 +137,8 @@ static void Timeout_dealloc(TimeoutObject *self) {
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
     Timeout_clear(self);
-    if (tp == self->st->Timeout_Type && ext_freelist_put(&self->st->timeouts, (PyObject *)self))
+    ext_state *st = ext_state_alive(tp);
+    if (st && tp == st->Timeout_Type && ext_freelist_put(&st->timeouts, (PyObject *)self))
         return;
     tp->tp_free(self);
     Py_DECREF(tp);
@@ -246,13 +247,24 @@ static PyObject *expire_on_loop(TimeoutObject *self, PyObject *loop, PyObject *w
 static PyObject *expire_at(TimeoutObject *self, PyObject *loop, PyObject *when) {
     double t;
     if (ext_to_seconds(when, "when", &t) < 0) return NULL;
-    PyObject *tt = Py_XNewRef((PyObject *)ext_default_tt(self->st));
-    if (!tt) return NULL;
-    PyObject *h = ext_check_open((TimerThreadObject *)tt) < 0
-                      ? NULL
-                      : ext_schedule((TimerThreadObject *)tt, 1, t, (PyObject *)self, NULL, 0,
-                                     loop, NULL, EXT_SCHED_TIMEOUT);
-    Py_DECREF(tt);
+    /* The default TimerThread, held: scheduling runs Python code (the
+     * loop's is_closed, __hash__, the port's attach), which may close it
+     * and make another.  Then the new default takes the timer, once. */
+    PyObject *h = NULL;
+    for (int tries = 0; tries < 2 && !h; tries++) {
+        PyObject *tt = Py_XNewRef((PyObject *)ext_default_tt(self->st));
+        if (!tt) return NULL;
+        h = ext_check_open((TimerThreadObject *)tt) < 0
+                ? NULL
+                : ext_schedule((TimerThreadObject *)tt, 1, t, (PyObject *)self, NULL, 0, loop,
+                               NULL, EXT_SCHED_TIMEOUT);
+        int replaced = !h && ((TimerThreadObject *)tt)->closed &&
+                       (PyObject *)self->st->default_tt != tt &&
+                       PyErr_ExceptionMatches(PyExc_RuntimeError);
+        Py_DECREF(tt);
+        if (!replaced) break;
+        PyErr_Clear();
+    }
     return h;
 }
 
@@ -572,7 +584,8 @@ static void Step_dealloc(StepObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     Step_clear(self);
-    if (tp == self->st->Step_Type && ext_freelist_put(&self->st->steps, (PyObject *)self)) return;
+    ext_state *st = ext_state_alive(tp);
+    if (st && tp == st->Step_Type && ext_freelist_put(&st->steps, (PyObject *)self)) return;
     tp->tp_free(self);
     Py_DECREF(tp);
 }

@@ -209,8 +209,14 @@ class _NativeTimersMixin:
             self._bt_drop_fast_path()
 
     def _bt_scheduler(self, absolute: bool) -> Any:
-        """A C call_at (absolute) or call_later bound to (TimerThread, loop)."""
-        return self.timer_thread._scheduler(cast(asyncio.AbstractEventLoop, self), absolute)
+        """A C call_at (absolute) or call_later bound to (TimerThread, loop):
+        without a TimerThread of its own, to the default one, whichever it
+        is (made anew once closed)."""
+        loop = cast(asyncio.AbstractEventLoop, self)
+        bt = self._bt
+        if bt is None or bt.timer_thread is None:
+            return _core._scheduler(loop, absolute)
+        return bt.timer_thread._scheduler(loop, absolute)
 
     def _bt_drop_fast_path(self) -> None:
         for name in ("call_at", "call_later"):
@@ -283,7 +289,7 @@ class _NativeTimersMixin:
 
 
 if _backend.NATIVE:
-    from . import _timers
+    from . import _core, _timers
     from ._timers import PollStamp as _PollStamp
 
     @functools.cache
