@@ -37,6 +37,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
+from _helpers import TIME_SCALE, under_sanitizer  # noqa: E402
 from _grpc_harness import (  # noqa: E402
     SERVICE,
     AioBackend,
@@ -53,18 +54,21 @@ from bucketimer.grpc import flush_reports  # noqa: E402
 
 SC = grpc.StatusCode
 
+#: the times below, stretched where everything runs slower: a sanitizer's
+#: build (ASan), an emulated CPU (BUCKETIMER_TEST_TIME_SCALE)
+SCALE = TIME_SCALE * (3 if under_sanitizer() else 1)
 #: the budget every configuration gives a call, and the reference's client timeout
-B = 0.2
+B = 0.2 * SCALE
 #: the slow-call threshold (under the budget: a call stuck until its budget is slow)
-TH = 0.1
+TH = 0.1 * SCALE
 #: a client timeout that is never the budget
 LONG = 10.0
 #: how long a handler waits for its call to stop before it gives up
 LIMIT = 2.0
 #: the "cancel" row: when the client cancels (within the last 50 ms before
 #: the budget) and how long its handler goes on (past the budget)
-CANCEL_AT = B - 0.045
-GOES_ON = B + 0.06
+CANCEL_AT = B - 0.045 * SCALE
+GOES_ON = B + 0.06 * SCALE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,7 +363,7 @@ def _ended(trace: dict[str, list[Any]], key: str) -> bool:
 #: the "cancel" row says what the reports must be only of a cancel this long
 #: before the deadline: later, it comes within the look before the deadline
 #: (``_common._EARLY``, 20 ms) that a busy loop or dispatcher may run late
-CLEAR_CANCEL = B - 0.03
+CLEAR_CANCEL = B - 0.03 * SCALE
 
 
 def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tuple[list[str], list[str]]:
@@ -467,12 +471,12 @@ def test_status_matrix(matrix: Matrix, records: _Records, behaviour: str) -> Non
 # -- a slow peer -------------------------------------------------------------------------------
 
 #: a streamed request: this many messages, this far apart (the client's pace)
-UPLOAD, UPLOAD_GAP = 5, 0.04
+UPLOAD, UPLOAD_GAP = 5, 0.04 * SCALE
 #: a streamed response to a slow reader: messages the size of a flow-control
 #: window, read this far apart
-DOWNLOAD, CHUNK, READ_GAP = 8, 64 * 1024, 0.03
+DOWNLOAD, CHUNK, READ_GAP = 8, 64 * 1024, 0.03 * SCALE
 #: the threshold: under the calls' time (the peer's), far over the handlers' own
-PEER_TH = 0.08
+PEER_TH = 0.08 * SCALE
 
 
 def _peer_handlers(backend: Backend, busy: float) -> dict[str, Any]:
