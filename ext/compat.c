@@ -304,6 +304,16 @@ PyObject *ext_raise_stop_iteration(ext_compat *c, PyObject *value) {
     return NULL;
 }
 
+void ext_release_stop_iteration(ext_compat *c) {
+#if defined(STOP_ITERATION_REUSE)
+    PyObject *e = c->stop_iteration;
+    if (e && Py_REFCNT(e) == 1 && ((PyStopIterationObject *)e)->value != Py_None)
+        ext_forget_stop_iteration(c, ((PyStopIterationObject *)e)->value);
+#else
+    (void)c;
+#endif
+}
+
 void ext_forget_stop_iteration(ext_compat *c, PyObject *value) {
 #if defined(STOP_ITERATION_REUSE)
     PyObject *e = c->stop_iteration;

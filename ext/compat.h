@@ -123,6 +123,11 @@ PyObject *ext_current_task(ext_compat *c, PyObject *loop);
 PyObject *ext_raise_stop_iteration(ext_compat *c, PyObject *value);
 /* Lets go of `value` if the StopIteration kept for reuse still holds it. */
 void ext_forget_stop_iteration(ext_compat *c, PyObject *value);
+/* The kept StopIteration, if nobody else holds it, lets go of the last
+ * value it carried (the cyclic GC's start: that value, the Timeout an
+ * `async with` entered, say, would otherwise keep what it holds, a Task
+ * and its loop, from being collected). */
+void ext_release_stop_iteration(ext_compat *c);
 /* coro.cr_await of a native coroutine (new reference). */
 PyObject *ext_coro_await(ext_compat *c, PyObject *coro);
 /* The function that loop.time is bound from, when it is a method bound to

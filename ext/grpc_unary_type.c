@@ -415,7 +415,12 @@ GrpcUnaryObject *ext_grpc_unary_make(PyTypeObject *tp, vectorcallfunc vectorcall
     w->timers = Py_NewRef(timers);
     w->threshold = threshold;
     w->max_time = max_time;
+    /* how long before a client's deadline the call looks (none: 0) */
     PyObject *early = get_attr(cls, "_early");
+    if (!early && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        early = PyFloat_FromDouble(0.0);
+    }
     w->early = early ? PyFloat_AsDouble(early) : -1.0;
     Py_XDECREF(early);
     if (w->early == -1.0 && PyErr_Occurred()) {

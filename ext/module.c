@@ -43,6 +43,12 @@ static PyObject *module_default_timer_thread(PyObject *m, PyObject *Py_UNUSED(ig
     return Py_XNewRef((PyObject *)ext_default_tt(ext_state_of_module(m)));
 }
 
+/* gc.callbacks' hook (_timers.py): at the start of a collection. */
+static PyObject *module_release_returned(PyObject *m, PyObject *Py_UNUSED(ignored)) {
+    ext_release_stop_iteration(&ext_state_of_module(m)->compat);
+    Py_RETURN_NONE;
+}
+
 static PyObject *module_compat_status(PyObject *m, PyObject *Py_UNUSED(ignored)) {
     return ext_compat_status(&ext_state_of_module(m)->compat);
 }
@@ -72,6 +78,9 @@ static PyMethodDef module_functions[] = {
     {"_add_monotonic_clock", ext_add_monotonic_clock, METH_O,
      "_add_monotonic_clock($module, time, /)\n--\n\nTells the helpers that a loop class "
      "whose `time` is this reads CLOCK_MONOTONIC."},
+    {"_release_returned", module_release_returned, METH_NOARGS,
+     "_release_returned($module, /)\n--\n\nThe kept StopIteration lets go of the value it last "
+     "carried, if nobody holds it (run as a collection starts)."},
     {"_compat_status", module_compat_status, METH_NOARGS,
      "Which reads of CPython's private state are in use (docs/design.rst)."},
 #if PY_VERSION_HEX >= 0x030C0000

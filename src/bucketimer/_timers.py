@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import gc
 import math
 import os
 import select
@@ -523,6 +524,18 @@ def _close_all_at_exit() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
+
+
+def _before_collection(phase: str, info: object, _release: Any = _core._release_returned) -> None:
+    # The StopIteration the C awaitables raise again and again (a read of
+    # CPython internals, docs/design.rst) keeps the value it last carried,
+    # the Timeout an ``async with`` entered: let it go before a collection,
+    # or that Timeout's Task, and its loop, could never be collected.
+    if phase == "start":
+        _release()
+
+
+gc.callbacks.append(_before_collection)
 
 
 def _start_default() -> None:
