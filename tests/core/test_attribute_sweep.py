@@ -458,10 +458,22 @@ class SyncContext:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
 
+    def set_code(self, code: Any) -> None:
+        pass
+
+    def set_details(self, details: str) -> None:
+        pass
+
+    def details(self) -> Any:
+        return None
+
 
 class AioContext(SyncContext):
     async def abort(self, code: Any, details: str) -> None:  # type: ignore[override]
         raise RuntimeError(f"aborted: {code}")
+
+    def done(self) -> bool:
+        return False
 
 
 def _grpc_call_type(tt: Any, aio: bool, inside: Hit) -> Any:
