@@ -91,6 +91,7 @@ def test_a_slow_call_is_one_line_and_its_stack_the_handlers(
         grpc.unary_stream_rpc_method_handler
     with sync_server({"Slow": make(make_handler(reported))}, [ic]) as address:
         assert sync_call(address, "Slow", shape=shape) == grpc.StatusCode.OK
+    assert btg.flush_reports(10.0)  # the call's end is reported on the reports' thread
     slow, end = [r for r in logged if r.grpc_event in ("slow", "slow_end")]  # type: ignore[attr-defined]
     for record in (slow, end):
         assert "\n" not in record.getMessage(), record.getMessage()
