@@ -1,11 +1,18 @@
-"""Scheduler: the heap of pending timers and the thread that fires them.
+"""Scheduler: the timers of one TimerThread, and the thread that fires
+those no loop keeps.
 
-One thread per scheduler waits on a ``threading.Condition`` for the
-earliest deadline of a ``heapq`` keyed ``(deadline_ns, id)``: ids grow in
-the order timers were scheduled, so equal deadlines fire in that order.
-Each pass pops every due timer (PENDING -> POSTED) under the lock, then,
-with the lock released, hands each outbox its batch in one call.  Cancelled
-timers stay in the heap until they reach its top or a sweep rebuilds it.
+A timer scheduled inside its running loop lives on that loop's own heap
+(``_loop_timer.py``); the scheduler keeps, per loop, the dict of those
+still pending (``loop_timers``: their claims, and what a close drops) and
+counts them.  Every other timer (no loop, a loop in another thread, a loop
+with a clock or heap of its own) is in the scheduler's ``heapq`` keyed
+``(deadline_ns, id)``: ids grow in the order
+timers were scheduled, so equal deadlines fire in that order.  The thread,
+started with the first such timer, waits on a ``threading.Condition`` for
+the earliest deadline; each pass pops every due timer (PENDING -> POSTED)
+under the lock, then, with the lock released, hands each outbox its batch
+in one call.  Cancelled timers stay in the heap until they reach its top or
+a sweep rebuilds it.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from time import monotonic_ns
 from typing import Any
 
 from .._stats import Stats
-from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle
+from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, scheduled
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -64,8 +71,17 @@ class Scheduler:
         self._inflight: dict[int, Batch] = {}  # posted batches not yet started
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._hist = [0] * HIST_BUCKETS
-        self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
-        self._thread.start()
+        # The thread serves timers of its heap only: started with the first one.
+        self._thread: threading.Thread | None = None
+        # loop -> its pending loop timers (each the key of its claim)
+        self.loop_timers: dict[Any, dict[Handle, bool]] = {}
+        # loop timers cancelled and run (each counted by the thread that won
+        # its claim: a loop's thread, or a canceller's), and ended unrun by
+        # the close of their loop or of this scheduler
+        self.lt_cancelled = 0
+        self.lt_ran = 0
+        self._lt_unrun_pending = 0
+        self._lt_unrun_due = 0
         _live.add(self)
 
     @property
@@ -91,14 +107,63 @@ class Scheduler:
             else:
                 outbox = self._loops.get(loop) or self._new_outbox(loop)
             timer_id = next(self._ids)
-            handle = Handle(self, timer_id, when, deadline_ns, callback, args, context, outbox)
+            handle = scheduled(self, timer_id, when, deadline_ns, callback, args, context, outbox)
             heap = self._heap
             heappush(heap, (deadline_ns, timer_id, handle))
             self._counts["scheduled"] += 1
-            if deadline_ns < self._sleeping_until:
+            if self._thread is None:
+                self._start_thread()
+            elif deadline_ns < self._sleeping_until:
                 self._sleeping_until = _AWAKE  # one notify per wake is enough
                 self._wake.notify()
         return handle
+
+    def _start_thread(self) -> None:
+        """Starts the timer thread (lock held: it waits for the lock, then
+        reads the heap)."""
+        self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
+        self._thread.start()
+
+    def first_loop_timer(self, loop: Any) -> dict[Handle, bool]:
+        """The dict of ``loop``'s pending loop timers, made for its first one
+        (the loop's thread).  Loops that closed since the last new one are
+        let go of first, and with them what they left pending."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("TimerThread is closed")
+            self._forget_closed_loops()
+            pending = self.loop_timers.get(loop)
+            if pending is None:
+                pending = self.loop_timers[loop] = {}
+        return pending
+
+    def _forget_closed_loops(self) -> None:
+        """Drops the loop timers of the loops that closed, and forgets those
+        loops (lock held).  A closed loop runs nothing: no timer of its
+        can be in the making."""
+        for loop in [loop for loop in self.loop_timers if loop._closed]:
+            self._drop_loop_timers(self.loop_timers.pop(loop))
+
+    def _drop_loop_timers(self, pending: dict[Handle, bool], by_close: bool = False) -> None:
+        """Ends unrun every loop timer of ``pending`` it can claim (lock held)."""
+        while pending:
+            try:
+                timer = pending.popitem()[0]
+            except KeyError:  # its loop or a canceller claimed the last one meanwhile
+                break
+            self.loop_timer_dropped(timer, by_close)
+
+    def loop_timer_dropped(self, timer: Handle, by_close: bool = False) -> None:
+        """A claimed loop timer that will never run: counted as the core counts
+        a timer its loop's or its TimerThread's close ended (docs/design.rst,
+        "Counters"): ``cancelled`` when it was pending, ``dropped`` when its
+        loop had taken it due (off its heap) and not run it."""
+        timer._state = DROPPED
+        timer._release()
+        if by_close or timer._scheduled:
+            self._lt_unrun_pending += 1
+        else:
+            self._lt_unrun_due += 1
 
     def _new_outbox(self, loop: asyncio.AbstractEventLoop) -> Outbox:
         outbox = self._loops[loop] = LoopOutbox(self, loop)
@@ -116,7 +181,7 @@ class Scheduler:
                 self._dead += 1
                 if self._dead > _SWEEP_MIN:
                     self._sweep_if_mostly_dead()
-        handle._callback = handle._args = None  # (Handle._release)
+        handle._release()
         return True
 
     def _sweep_if_mostly_dead(self) -> None:
@@ -279,8 +344,12 @@ class Scheduler:
         """A loop is closing: every timer of it not yet running is dropped,
         those it was handed and has not started (its ready queue is about to
         be thrown away) and those still pending (they stay in the heap, dead,
-        until they reach its top or a sweep)."""
+        until they reach its top or a sweep); its loop timers go with its
+        heap."""
         with self._lock:
+            loop_timers = self.loop_timers.pop(loop, None)
+            if loop_timers is not None:
+                self._drop_loop_timers(loop_timers)
             outbox = self._loops.pop(loop, None)
             if outbox is None:
                 return
@@ -313,13 +382,18 @@ class Scheduler:
             self._heap.clear()
             self._inflight.clear()
             self._loops.clear()
+            # (a loop timer stays on its loop's heap, to be passed over there)
+            for loop_timers in self.loop_timers.values():
+                self._drop_loop_timers(loop_timers, by_close=True)
+            self.loop_timers.clear()
             self._wake.notify_all()
             self._submitted.notify_all()
         no_loop = sum(handle._outbox is self._dispatcher for handle in dropped)
         for handle in dropped:
             handle._release()
-        if self._thread is not threading.current_thread():
-            self._thread.join(join_timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout)
         self._dispatcher.stop(join_timeout)
         return no_loop
 
@@ -332,34 +406,52 @@ class Scheduler:
         self._submitted = threading.Condition(self._lock)
         for entry in self._heap:
             entry[2]._state = DROPPED
+        for loop_timers in self.loop_timers.values():
+            for timer in loop_timers:
+                timer._state = DROPPED
         self._heap.clear()
         self._inflight.clear()
         self._loops.clear()
+        self.loop_timers.clear()
         self._closed = True
 
     def stats(self) -> Stats:
         with self._lock:
+            self._forget_closed_loops()
             counts = dict(self._counts)
             hist = list(self._hist)
-            heap_size = len(self._heap)
+            heap_size = len(self._heap) + sum(map(len, self.loop_timers.values()))
             dead = self._dead
             # where timers are delivered: the loops served, and the dispatcher
-            ports = len(self._loops) + self._dispatcher.started
+            ports = len(self._loops.keys() | self.loop_timers.keys()) + self._dispatcher.started
+            # a loop timer is posted to its loop, and let go of if cancelled,
+            # as it is claimed
+            ran, cancelled = self.lt_ran, self.lt_cancelled + self._lt_unrun_pending
+            scheduled = _issued(self._ids)
         return Stats(
-            scheduled=counts["scheduled"], cancelled=counts["cancelled"], postponed=0,
-            fired=counts["fired"], posted=counts["posted"], ran=counts["ran"],
-            dropped=counts["dropped"], wakeups=counts["wakeups"], passes=counts["passes"],
-            eventfd_writes=counts["eventfd_writes"], drains=counts["drains"],
-            sweeps=counts["sweeps"], reaped=counts["reaped"], heap_size=heap_size, list_size=0, dead=dead,
+            scheduled=scheduled, cancelled=counts["cancelled"] + cancelled, postponed=0,
+            fired=counts["fired"] + ran, posted=counts["posted"] + ran, ran=counts["ran"] + ran,
+            dropped=counts["dropped"] + self._lt_unrun_due, wakeups=counts["wakeups"],
+            passes=counts["passes"], eventfd_writes=counts["eventfd_writes"],
+            drains=counts["drains"], sweeps=counts["sweeps"],
+            reaped=counts["reaped"] + cancelled, heap_size=heap_size, list_size=0, dead=dead,
             slots=0, slots_free=0, slots_retired=0, ports=ports, buckets=self._buckets,
             early_fires=counts["early_fires"], lateness_hist=hist,
         )
+
+
+def _issued(ids: itertools.count[int]) -> int:
+    """How many ids ``ids`` (counting from 1) has handed out: one per timer
+    scheduled (its repr is ``count(next)``)."""
+    return int(repr(ids)[6:-1]) - 1
 
 
 def _watch_close(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Scheduler]) -> None:
     """Wraps ``loop.close`` so that the loop's queued timers are dropped
     before its ready queue goes (a loop class without an instance dict
     keeps its close: its timers are dropped when it refuses them)."""
+    if getattr(type(loop), "_bt_closes_ports", False):  # its close() calls loop_closed
+        return
     orig_close = loop.close
 
     def close() -> None:

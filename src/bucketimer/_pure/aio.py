@@ -1,13 +1,17 @@
 """``bucketimer.aio`` on the pure backend: asyncio's own timeouts.
 
 :func:`timeout`, :func:`timeout_at` and :class:`Timeout` are asyncio's of
-the running Python, their timers the loop's, with one addition: a deadline
-already reached first hands the loop the default TimerThread's timers due
-for it, so they run before the expiry, as on the native backend
-(docs/design.rst, "Order on the loop"); and a NaN deadline expires on the
-next turn, as asyncio's heap runs it up to 3.12 (from 3.13 asyncio's loop
-passes it to ``select()``, which raises).  :func:`wait_for` is asyncio's up
-to 3.11; from 3.12 it is asyncio's coroutine around this :func:`timeout`.
+the running Python, their timers the loop's; :meth:`Timeout.reschedule` is
+asyncio's too, written out here for two additions: a deadline already
+reached first hands the loop the default TimerThread's timers due for it
+that its thread keeps (a loop's own timers are on its heap already), so
+they run before the expiry, as on the native backend (docs/design.rst,
+"Order on the loop"); and a NaN deadline expires on the next turn, as
+asyncio's heap runs it up to 3.12 (from 3.13 asyncio's loop passes it to
+``select()``, which raises).  Written out, it also costs less than
+asyncio's, which arms and disarms a timer by four calls more.
+:func:`wait_for` is asyncio's up to 3.11; from 3.12 it is asyncio's
+coroutine around this :func:`timeout`.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ import math
 import sys
 from asyncio import events, tasks, timeouts
 from collections.abc import Awaitable
+from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _default as _default_module
 from ._default import deliver_due
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
@@ -30,14 +34,17 @@ _T = TypeVar("_T")
 _asyncio_wait_for = tasks.wait_for
 
 # (private in typeshed, which also marks Timeout final; at run time a class)
+_CREATED = timeouts._State.CREATED  # type: ignore[attr-defined]
 _ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
+_EXITED = timeouts._State.EXITED  # type: ignore[attr-defined]
 _asyncio_reschedule = timeouts.Timeout.reschedule
+_asyncio_aexit = timeouts.Timeout.__aexit__
+_current_task = tasks.current_task
+_get_running_loop = events.get_running_loop
 
-
-# asyncio's Timeout queues a reached deadline's expiry with
-# call_soon(self._on_timeout) into self._timeout_handler (3.11-3.15); where
-# that holds, a reschedule checks for due timers only when the expiry was
-# queued so, else it reads the loop's clock first.
+# asyncio's Timeout arms its expiry, self._on_timeout, into
+# self._timeout_handler (3.11-3.15); where that holds, reschedule() is
+# written out here, else it is asyncio's, after the due timers.
 _HANDLER_KNOWN = callable(getattr(timeouts.Timeout, "_on_timeout", None))
 
 
@@ -45,32 +52,67 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
     """``asyncio.Timeout``; a deadline already reached comes after the
     TimerThread's timers due by then, and a NaN one expires at once."""
 
-    def reschedule(self, when: float | None) -> None:
-        if when is not None and self._state is _ENTERED:  # type: ignore[attr-defined]
-            if type(when) is float and when != when:  # NaN: due at once
-                _deliver_if_reached(-math.inf)
-                _asyncio_reschedule(self, -math.inf)
-                self._when = when
-                return
-            if _default_module._default is not None:  # else no timer to put first
-                if not _HANDLER_KNOWN:
-                    _deliver_if_reached(when)
-                else:
-                    _asyncio_reschedule(self, when)
-                    me: Any = self  # (typeshed does not declare asyncio's private members)
-                    # call_soon's handle (reached) has no when(), any loop's call_at's has
-                    if not hasattr(me._timeout_handler, "when"):
-                        self._expire_after_due()
-                    return
-        _asyncio_reschedule(self, when)
+    if _HANDLER_KNOWN:
+        # asyncio's __init__, __aenter__ and the usual way out of __aexit__
+        # (3.11.7-3.15), with the states read as the module's names
 
-    def _expire_after_due(self) -> None:
-        """The expiry just queued goes behind the timers due by now."""
+        def __init__(self, when: float | None) -> None:
+            me: Any = self
+            me._state = _CREATED
+            me._timeout_handler = None
+            me._task = None
+            me._when = when
+
+        async def __aenter__(self) -> Timeout:
+            me: Any = self
+            if me._state is not _CREATED:
+                raise RuntimeError("Timeout has already been entered")
+            task = _current_task()
+            if task is None:
+                raise RuntimeError("Timeout should be used inside a task")
+            me._state = _ENTERED
+            me._task = task
+            me._cancelling = task.cancelling()
+            self.reschedule(me._when)
+            return self
+
+        async def __aexit__(self, exc_type: type[BaseException] | None,
+                            exc_val: BaseException | None, exc_tb: TracebackType | None,
+                            ) -> None:
+            me: Any = self
+            if me._state is not _ENTERED:  # expired: asyncio's way out
+                await _asyncio_aexit(self, exc_type, exc_val, exc_tb)
+                return None
+            if me._timeout_handler is not None:
+                me._timeout_handler.cancel()
+                me._timeout_handler = None
+            me._state = _EXITED
+            return None
+
+    def reschedule(self, when: float | None) -> None:
         me: Any = self  # (typeshed does not declare asyncio's private members)
-        loop = events.get_running_loop()
-        me._timeout_handler.cancel()
-        deliver_due(loop)
-        me._timeout_handler = loop.call_soon(me._on_timeout)
+        if me._state is not _ENTERED or not _HANDLER_KNOWN:
+            if when is not None and me._state is _ENTERED:
+                _deliver_if_reached(when)
+                if type(when) is float and when != when:  # NaN: due at once
+                    _asyncio_reschedule(self, -math.inf)
+                    me._when = when
+                    return
+            _asyncio_reschedule(self, when)
+            return
+        # asyncio's reschedule, from here on
+        me._when = when
+        if me._timeout_handler is not None:
+            me._timeout_handler.cancel()
+        if when is None:
+            me._timeout_handler = None
+            return
+        loop = _get_running_loop()
+        if when <= loop.time() or when != when:  # reached, or NaN: due at once
+            deliver_due(loop)
+            me._timeout_handler = loop.call_soon(me._on_timeout)
+        else:
+            me._timeout_handler = loop.call_at(when, me._on_timeout)
 
 
 def _deliver_if_reached(when: float) -> None:
@@ -78,7 +120,7 @@ def _deliver_if_reached(when: float) -> None:
     if loop is None:
         return
     try:
-        reached = when <= loop.time()
+        reached = when <= loop.time() or when != when
     except Exception:  # asyncio's reschedule raises it, in its own order
         return
     if reached:

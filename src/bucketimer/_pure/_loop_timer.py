@@ -1,0 +1,112 @@
+"""A TimerThread's timer kept on its loop's own heap: which loops, and how.
+
+On the pure backend a timer scheduled from inside a running asyncio loop
+(its own thread, the loop given or running) is an ``asyncio.TimerHandle``
+pushed on that loop's heap, as ``loop.call_at`` pushes one (:func:`arm`):
+asyncio orders it with the loop's other timers, wakes for it and runs it,
+and no thread of bucketimer's takes part.  It answers bucketimer's
+:class:`Handle` API on top: ``cancel()`` says whether it won, ``when()`` is
+what was asked for (``_handle.py``).
+
+Only loops that keep asyncio's own heap and clock qualify
+(:func:`keeps_heap`): a subclass of ``asyncio.BaseEventLoop`` whose
+``_run_once`` is asyncio's, whose ``call_at`` pushes on the heap
+(asyncio's, or one registered with :func:`heap_call_at`), and whose
+``time`` is asyncio's ``time.monotonic()`` (neither overridden nor
+replaced on the instance).  Any other loop's timers, and those scheduled
+from another thread, go through the scheduler's thread.
+
+Claims: a pending timer is a key of its loop's ``pending`` dict (one per
+loop and TimerThread, ``Scheduler.loop_timers``); running it, cancelling it
+and dropping it each first pop it from there, one atomic ``dict.pop``, so
+exactly one of them happens.  A cancel from another thread takes it off the
+loop's heap through ``call_soon_threadsafe``: thread safety is paid by calls
+from other threads only.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import heapq
+from asyncio.base_events import BaseEventLoop
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._handle import PENDING, Handle
+
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+_heappush = heapq.heappush
+_base_time = BaseEventLoop.time
+_base_run_once = BaseEventLoop._run_once  # type: ignore[attr-defined]
+
+# call_at methods that push on the loop's heap, as asyncio's does.
+_HEAP_CALL_AT: set[Any] = {BaseEventLoop.call_at}
+# The loop classes seen, by whether their instances keep asyncio's heap
+# (their clock aside).
+HEAP_TYPES: set[type] = set()
+_OTHER_TYPES: set[type] = set()
+
+
+def heap_call_at(call_at: Callable[..., Any]) -> None:
+    """Registers a loop class's ``call_at`` as one that pushes on
+    asyncio's heap (the pure drop-in loop's, which checks its arguments
+    first)."""
+    _HEAP_CALL_AT.add(call_at)
+    HEAP_TYPES.clear()
+    _OTHER_TYPES.clear()
+
+
+def _learn(cls: type) -> None:
+    ok = (issubclass(cls, BaseEventLoop)
+          and getattr(cls, "_run_once", None) is _base_run_once
+          and getattr(cls, "call_at", None) in _HEAP_CALL_AT)
+    (HEAP_TYPES if ok else _OTHER_TYPES).add(cls)
+
+
+def keeps_heap(loop: Any) -> bool:
+    """Whether ``loop``'s timers may live on its heap: asyncio's heap and
+    ``time.monotonic()`` clock (the class and the instance asked each time:
+    a clock patched on either is seen).  ``TimerThread.call_later`` has
+    the same test inline, for the classes known to keep the heap."""
+    if type(loop) in HEAP_TYPES:
+        return getattr(loop.time, "__func__", None) is _base_time
+    if type(loop) in _OTHER_TYPES:
+        return False
+    _learn(type(loop))
+    return keeps_heap(loop)
+
+
+_new = object.__new__
+
+
+def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
+        callback: Callable[..., object], args: tuple[Any, ...],
+        context: contextvars.Context) -> Handle:
+    """A timer due at ``seconds`` (``when()`` gives ``when``), pushed on
+    ``loop``'s heap; called in the loop's thread while it runs."""
+    t: Any = _new(Handle)
+    t._id = next(sched._ids)
+    t._sched = sched
+    t._when = seconds
+    t._at = when
+    t._callback = callback
+    t._args = args
+    t._context = context
+    t._loop = loop
+    t._cancelled = False
+    t._repr = None
+    t._source_traceback = None
+    t._state = PENDING
+    pending = sched.loop_timers.get(loop)
+    if pending is None:
+        pending = sched.first_loop_timer(loop)
+    t._pending = pending
+    pending[t] = True
+    _heappush(loop._scheduled, t)
+    t._scheduled = True
+    return t  # type: ignore[no-any-return]
+
+
+__all__ = ["HEAP_TYPES", "arm", "heap_call_at", "keeps_heap"]
