@@ -26,7 +26,7 @@ from typing import Any, TypeVarTuple, Unpack
 
 from ._arguments import check_delay, check_when, without_own_frame
 from ._default import default_timer_thread
-from ._loop_timer import heap_call_at
+from ._loop_timer import heap_call_at, loop_closing
 from ._scheduler import _live
 from ._timer_thread import TimerThread
 
@@ -62,6 +62,7 @@ class _PureTimers:
 
     def close(self) -> None:
         if not self.is_running():  # type: ignore[attr-defined]
+            loop_closing(self)
             for sched in list(_live):
                 sched.loop_closed(self)  # type: ignore[arg-type]
         super().close()  # type: ignore[misc]

@@ -16,20 +16,26 @@ Only loops that keep asyncio's own heap and clock qualify
 replaced on the instance).  Any other loop's timers, and those scheduled
 from another thread, go through the scheduler's thread.
 
-Claims: a pending timer is a key of its loop's ``pending`` dict (one per
-loop and TimerThread, ``Scheduler.loop_timers``); running it, cancelling it
-and dropping it each first pop it from there, one atomic ``dict.pop``, so
-exactly one of them happens.  A cancel from another thread takes it off the
-loop's heap through ``call_soon_threadsafe``: thread safety is paid by calls
-from other threads only.
+Claims: a pending timer is a key of its loop's dict of them
+(``loop._bt_timers``, set with its first such timer, for every
+TimerThread); running it, cancelling it and dropping it each first pop it
+from there, one atomic ``dict.pop``, so exactly one of them happens.  A
+cancel from another thread takes it off the loop's heap through
+``call_soon_threadsafe``: thread safety is paid by calls from other threads
+only.  Nothing of bucketimer's holds a loop: the loops with such timers are
+known by weak references (:data:`LOOPS`), for what a TimerThread's
+``close()`` drops and its ``stats()`` counts; a loop that closed with
+timers pending has them dropped and counted when ``stats()``, or the
+loop's own close (the drop-in loop's), looks.
 """
 
 from __future__ import annotations
 
 import contextvars
 import heapq
+import weakref
 from asyncio.base_events import BaseEventLoop
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._handle import PENDING, Handle
@@ -61,7 +67,8 @@ def heap_call_at(call_at: Callable[..., Any]) -> None:
 def _learn(cls: type) -> None:
     ok = (issubclass(cls, BaseEventLoop)
           and getattr(cls, "_run_once", None) is _base_run_once
-          and getattr(cls, "call_at", None) in _HEAP_CALL_AT)
+          and getattr(cls, "call_at", None) in _HEAP_CALL_AT
+          and cls.__dictoffset__ != 0)  # (its instance holds its LoopTimers)
     (HEAP_TYPES if ok else _OTHER_TYPES).add(cls)
 
 
@@ -76,6 +83,47 @@ def keeps_heap(loop: Any) -> bool:
         return False
     _learn(type(loop))
     return keeps_heap(loop)
+
+
+# Every loop that has had a timer on its heap, by a weak reference.
+LOOPS: set[weakref.ref[Any]] = set()
+
+
+def registries() -> Iterator[dict[Handle, bool]]:
+    """The dicts of pending timers of the loops alive."""
+    for ref in list(LOOPS):
+        timers = getattr(ref(), "_bt_timers", None)
+        if timers:
+            yield timers
+
+
+def drop(timers: dict[Handle, bool], sched: Scheduler | None = None,
+         by_close: bool = False) -> None:
+    """Ends unrun every timer of ``timers`` it can claim (those of
+    ``sched``, or all), each counted by its scheduler (``by_close``: its
+    close)."""
+    for timer in [t for t in timers if sched is None or t._sched is sched]:
+        if timers.pop(timer, None) is not None:
+            timer._sched.loop_timer_dropped(timer, by_close)
+
+
+def drop_closed_loops() -> None:
+    """Drops the timers of every loop that closed."""
+    for ref in list(LOOPS):
+        loop = ref()
+        if loop is not None and loop._closed:
+            loop_closing(loop)
+
+
+def loop_closing(loop: Any) -> None:
+    """``loop`` is about to close, or closed: its timers are dropped."""
+    timers = getattr(loop, "_bt_timers", None)
+    if timers:
+        drop(timers)
+
+
+_forget = LOOPS.discard
+_weakref = weakref.ref
 
 
 _new = object.__new__
@@ -99,9 +147,10 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     t._repr = None
     t._source_traceback = None
     t._state = PENDING
-    pending = sched.loop_timers.get(loop)
-    if pending is None:
-        pending = sched.first_loop_timer(loop)
+    pending = getattr(loop, "_bt_timers", None)
+    if pending is None:  # the loop's first
+        pending = loop._bt_timers = {}
+        LOOPS.add(_weakref(loop, _forget))
     t._pending = pending
     pending[t] = True
     _heappush(loop._scheduled, t)
@@ -109,4 +158,5 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     return t  # type: ignore[no-any-return]
 
 
-__all__ = ["HEAP_TYPES", "arm", "heap_call_at", "keeps_heap"]
+__all__ = ["HEAP_TYPES", "LOOPS", "arm", "drop", "drop_closed_loops", "heap_call_at", "keeps_heap",
+           "loop_closing", "registries"]

@@ -2,17 +2,16 @@
 those no loop keeps.
 
 A timer scheduled inside its running loop lives on that loop's own heap
-(``_loop_timer.py``); the scheduler keeps, per loop, the dict of those
-still pending (``loop_timers``: their claims, and what a close drops) and
-counts them.  Every other timer (no loop, a loop in another thread, a loop
+(``_loop_timer.py``), its claim in a dict the loop holds; the scheduler
+counts those.  Every other timer (no loop, a loop in another thread, a loop
 with a clock or heap of its own) is in the scheduler's ``heapq`` keyed
-``(deadline_ns, id)``: ids grow in the order
-timers were scheduled, so equal deadlines fire in that order.  The thread,
-started with the first such timer, waits on a ``threading.Condition`` for
-the earliest deadline; each pass pops every due timer (PENDING -> POSTED)
-under the lock, then, with the lock released, hands each outbox its batch
-in one call.  Cancelled timers stay in the heap until they reach its top or
-a sweep rebuilds it.
+``(deadline_ns, id)``: ids grow in the order timers were scheduled, so
+equal deadlines fire in that order.  The thread, started with the first
+such timer, waits on a ``threading.Condition`` for the earliest deadline;
+each pass pops every due timer (PENDING -> POSTED) under the lock, then,
+with the lock released, hands each outbox its batch in one call.
+Cancelled timers stay in the heap until they reach its top or a sweep
+rebuilds it.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from typing import Any
 
 from .._stats import Stats
 from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, scheduled
+from ._loop_timer import drop, drop_closed_loops, loop_closing, registries
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -73,8 +73,6 @@ class Scheduler:
         self._hist = [0] * HIST_BUCKETS
         # The thread serves timers of its heap only: started with the first one.
         self._thread: threading.Thread | None = None
-        # loop -> its pending loop timers (each the key of its claim)
-        self.loop_timers: dict[Any, dict[Handle, bool]] = {}
         # loop timers cancelled and run (each counted by the thread that won
         # its claim: a loop's thread, or a canceller's), and ended unrun by
         # the close of their loop or of this scheduler
@@ -123,35 +121,6 @@ class Scheduler:
         reads the heap)."""
         self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
         self._thread.start()
-
-    def first_loop_timer(self, loop: Any) -> dict[Handle, bool]:
-        """The dict of ``loop``'s pending loop timers, made for its first one
-        (the loop's thread).  Loops that closed since the last new one are
-        let go of first, and with them what they left pending."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("TimerThread is closed")
-            self._forget_closed_loops()
-            pending = self.loop_timers.get(loop)
-            if pending is None:
-                pending = self.loop_timers[loop] = {}
-        return pending
-
-    def _forget_closed_loops(self) -> None:
-        """Drops the loop timers of the loops that closed, and forgets those
-        loops (lock held).  A closed loop runs nothing: no timer of its
-        can be in the making."""
-        for loop in [loop for loop in self.loop_timers if loop._closed]:
-            self._drop_loop_timers(self.loop_timers.pop(loop))
-
-    def _drop_loop_timers(self, pending: dict[Handle, bool], by_close: bool = False) -> None:
-        """Ends unrun every loop timer of ``pending`` it can claim (lock held)."""
-        while pending:
-            try:
-                timer = pending.popitem()[0]
-            except KeyError:  # its loop or a canceller claimed the last one meanwhile
-                break
-            self.loop_timer_dropped(timer, by_close)
 
     def loop_timer_dropped(self, timer: Handle, by_close: bool = False) -> None:
         """A claimed loop timer that will never run: counted as the core counts
@@ -344,12 +313,8 @@ class Scheduler:
         """A loop is closing: every timer of it not yet running is dropped,
         those it was handed and has not started (its ready queue is about to
         be thrown away) and those still pending (they stay in the heap, dead,
-        until they reach its top or a sweep); its loop timers go with its
-        heap."""
+        until they reach its top or a sweep)."""
         with self._lock:
-            loop_timers = self.loop_timers.pop(loop, None)
-            if loop_timers is not None:
-                self._drop_loop_timers(loop_timers)
             outbox = self._loops.pop(loop, None)
             if outbox is None:
                 return
@@ -383,9 +348,8 @@ class Scheduler:
             self._inflight.clear()
             self._loops.clear()
             # (a loop timer stays on its loop's heap, to be passed over there)
-            for loop_timers in self.loop_timers.values():
-                self._drop_loop_timers(loop_timers, by_close=True)
-            self.loop_timers.clear()
+            for loop_timers in registries():
+                drop(loop_timers, self, by_close=True)
             self._wake.notify_all()
             self._submitted.notify_all()
         no_loop = sum(handle._outbox is self._dispatcher for handle in dropped)
@@ -406,28 +370,30 @@ class Scheduler:
         self._submitted = threading.Condition(self._lock)
         for entry in self._heap:
             entry[2]._state = DROPPED
-        for loop_timers in self.loop_timers.values():
-            for timer in loop_timers:
-                timer._state = DROPPED
+        for loop_timers in registries():
+            for timer in [t for t in loop_timers if t._sched is self]:
+                if loop_timers.pop(timer, None) is not None:
+                    timer._state = DROPPED
         self._heap.clear()
         self._inflight.clear()
         self._loops.clear()
-        self.loop_timers.clear()
         self._closed = True
 
     def stats(self) -> Stats:
+        drop_closed_loops()
         with self._lock:
-            self._forget_closed_loops()
             counts = dict(self._counts)
             hist = list(self._hist)
-            heap_size = len(self._heap) + sum(map(len, self.loop_timers.values()))
             dead = self._dead
-            # where timers are delivered: the loops served, and the dispatcher
-            ports = len(self._loops.keys() | self.loop_timers.keys()) + self._dispatcher.started
+            # where timers are posted: the loops served, and the dispatcher
+            ports = len(self._loops) + self._dispatcher.started
             # a loop timer is posted to its loop, and let go of if cancelled,
             # as it is claimed
             ran, cancelled = self.lt_ran, self.lt_cancelled + self._lt_unrun_pending
             scheduled = _issued(self._ids)
+            # the loop timers not yet claimed, and the timers in the heap
+            heap_size = (scheduled - counts["scheduled"] - ran - cancelled - self._lt_unrun_due
+                         + len(self._heap))
         return Stats(
             scheduled=scheduled, cancelled=counts["cancelled"] + cancelled, postponed=0,
             fired=counts["fired"] + ran, posted=counts["posted"] + ran, ran=counts["ran"] + ran,
@@ -456,8 +422,10 @@ def _watch_close(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Scheduler]) -
 
     def close() -> None:
         sched = ref()
-        if sched is not None and not loop.is_running():
-            sched.loop_closed(loop)
+        if not loop.is_running():
+            loop_closing(loop)
+            if sched is not None:
+                sched.loop_closed(loop)
         orig_close()
 
     try:
