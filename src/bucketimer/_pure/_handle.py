@@ -59,7 +59,7 @@ class Handle(TimerHandle):
     _sched: Scheduler
     _state: int
     # on its loop's heap: the loop's pending timers; else None
-    _pending: dict[Handle, bool] | None
+    _pending: dict[int, Handle] | None
     # in the scheduler's heap: the deadline, rounded up to a nanosecond, and
     # where it goes once due
     _deadline_ns: int
@@ -96,7 +96,7 @@ class Handle(TimerHandle):
         pending = self._pending
         if pending is None:
             return self._sched.cancel(self)
-        if pending.pop(self, None) is None:
+        if pending.pop(self._id, None) is None:
             return False
         loop: Any = self._loop
         self._callback = self._args = None  # type: ignore[assignment]
@@ -155,7 +155,7 @@ class Handle(TimerHandle):
             heappush(loop._scheduled, self)
             self._scheduled = True
             return
-        if self._pending.pop(self, None) is None:  # type: ignore[union-attr]
+        if self._pending.pop(self._id, None) is None:  # type: ignore[union-attr]
             return  # cancelled from another thread, or dropped
         sched = self._sched
         if sched._closed:  # closed while this was being claimed

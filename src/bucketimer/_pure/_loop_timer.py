@@ -89,7 +89,7 @@ def keeps_heap(loop: Any) -> bool:
 LOOPS: set[weakref.ref[Any]] = set()
 
 
-def registries() -> Iterator[dict[Handle, bool]]:
+def registries() -> Iterator[dict[int, Handle]]:
     """The dicts of pending timers of the loops alive."""
     for ref in list(LOOPS):
         timers = getattr(ref(), "_bt_timers", None)
@@ -97,13 +97,13 @@ def registries() -> Iterator[dict[Handle, bool]]:
             yield timers
 
 
-def drop(timers: dict[Handle, bool], sched: Scheduler | None = None,
+def drop(timers: dict[int, Handle], sched: Scheduler | None = None,
          by_close: bool = False) -> None:
     """Ends unrun every timer of ``timers`` it can claim (those of
     ``sched``, or all), each counted by its scheduler (``by_close``: its
     close)."""
-    for timer in [t for t in timers if sched is None or t._sched is sched]:
-        if timers.pop(timer, None) is not None:
+    for timer in [t for t in list(timers.values()) if sched is None or t._sched is sched]:
+        if timers.pop(timer._id, None) is not None:
             timer._sched.loop_timer_dropped(timer, by_close)
 
 
@@ -152,7 +152,7 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
         pending = loop._bt_timers = {}
         LOOPS.add(_weakref(loop, _forget))
     t._pending = pending
-    pending[t] = True
+    pending[t._id] = t
     _heappush(loop._scheduled, t)
     t._scheduled = True
     return t  # type: ignore[no-any-return]

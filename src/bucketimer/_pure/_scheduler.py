@@ -371,8 +371,8 @@ class Scheduler:
         for entry in self._heap:
             entry[2]._state = DROPPED
         for loop_timers in registries():
-            for timer in [t for t in loop_timers if t._sched is self]:
-                if loop_timers.pop(timer, None) is not None:
+            for timer in [t for t in list(loop_timers.values()) if t._sched is self]:
+                if loop_timers.pop(timer._id, None) is not None:
                     timer._state = DROPPED
         self._heap.clear()
         self._inflight.clear()
