@@ -147,3 +147,15 @@ def test_a_cancel_from_another_thread_wins_or_the_callback_runs(tt) -> None:
     assert ran | won == set(range(n))
     s = tt.stats()
     assert (s["ran"], s["cancelled"]) == (len(ran), len(won))
+
+
+def test_the_pure_backend_knows_asyncios_handles() -> None:
+    """The pure backend makes asyncio's timer handles itself, and keeps a
+    loop's timers on its heap, only where asyncio's ``Handle`` and
+    ``TimerHandle`` have the slots it sets (3.11 to 3.15 do): a CPython that
+    changes them fails here rather than getting the slower paths unseen."""
+    from bucketimer._pure import _loop_timer
+
+    assert _loop_timer.SLOTS_KNOWN
+    assert _loop_timer.heap_type(asyncio.SelectorEventLoop)
+    assert _loop_timer.heap_type(bucketimer.EventLoop) == PURE

@@ -21,12 +21,11 @@ import contextvars
 import selectors
 from asyncio.events import TimerHandle
 from collections.abc import Callable
-from heapq import heappush
 from typing import Any, TypeVarTuple, Unpack
 
 from ._arguments import check_delay, check_when, without_own_frame
 from ._default import default_timer_thread
-from ._loop_timer import heap_call_at, loop_closing
+from ._loop_timer import SLOTS_KNOWN, heap_call_at, loop_closing, push
 from ._scheduler import _live
 from ._timer_thread import TimerThread
 
@@ -77,12 +76,13 @@ class EventLoop(_PureTimers, asyncio.SelectorEventLoop):
     """
 
     # Whether call_later may push on the heap itself: not when a subclass
-    # overrides call_at, which call_later then goes through, as asyncio's does.
-    _bt_own_call_at = True
+    # overrides call_at, which call_later then goes through, as asyncio's does
+    # (nor where asyncio's handles are not the ones push() knows).
+    _bt_own_call_at = SLOTS_KNOWN
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls._bt_own_call_at = cls.call_at is EventLoop.call_at
+        cls._bt_own_call_at = SLOTS_KNOWN and cls.call_at is EventLoop.call_at
 
     def __init__(self, selector: selectors.BaseSelector | None = None, *,
                  timer_thread: TimerThread | None = None) -> None:
@@ -96,16 +96,13 @@ class EventLoop(_PureTimers, asyncio.SelectorEventLoop):
         if type(when) is not float and type(when) is not int:
             check_when(when)
         me: Any = self  # (typeshed does not declare asyncio's private members)
-        if me._debug:
+        if me._debug or not SLOTS_KNOWN:
             timer: TimerHandle = without_own_frame(
                 super().call_at(when, callback, *args, context=context))
             return timer
         if me._closed:
             raise RuntimeError("Event loop is closed")
-        new: Any = TimerHandle(when, callback, args, self, context)
-        heappush(me._scheduled, new)
-        new._scheduled = True
-        return new  # type: ignore[no-any-return]
+        return push(self, when, callback, args, context)
 
     def call_later(self, delay: float, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts,
                    context: contextvars.Context | None = None) -> TimerHandle:
@@ -119,10 +116,7 @@ class EventLoop(_PureTimers, asyncio.SelectorEventLoop):
             return timer
         if me._closed:
             raise RuntimeError("Event loop is closed")
-        new: Any = TimerHandle(self.time() + delay, callback, args, self, context)
-        heappush(me._scheduled, new)
-        new._scheduled = True
-        return new  # type: ignore[no-any-return]
+        return push(self, self.time() + delay, callback, args, context)
 
 
 heap_call_at(EventLoop.call_at)

@@ -34,7 +34,9 @@ from __future__ import annotations
 import contextvars
 import heapq
 import weakref
+from asyncio import events
 from asyncio.base_events import BaseEventLoop
+from asyncio.events import TimerHandle
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -64,25 +66,73 @@ def heap_call_at(call_at: Callable[..., Any]) -> None:
     _OTHER_TYPES.clear()
 
 
-def _learn(cls: type) -> None:
-    ok = (issubclass(cls, BaseEventLoop)
+# asyncio's Handle and TimerHandle slots, 3.11 to 3.15: what their two
+# __init__ set, and what a timer made here without them sets.  A CPython
+# whose handles have others gets asyncio's own calls instead.
+_ASYNCIO_SLOTS = {"_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr",
+                  "__weakref__", "_context", "_scheduled", "_when"}
+SLOTS_KNOWN = {*events.Handle.__slots__, *TimerHandle.__slots__} == _ASYNCIO_SLOTS
+
+
+def heap_type(cls: type) -> bool:
+    """Whether instances of the loop class ``cls`` keep asyncio's heap: it
+    runs asyncio's ``_run_once`` and its ``call_at`` pushes there."""
+    if cls in HEAP_TYPES:
+        return True
+    if cls in _OTHER_TYPES:
+        return False
+    ok = (SLOTS_KNOWN and issubclass(cls, BaseEventLoop)
           and getattr(cls, "_run_once", None) is _base_run_once
           and getattr(cls, "call_at", None) in _HEAP_CALL_AT
-          and cls.__dictoffset__ != 0)  # (its instance holds its LoopTimers)
+          and cls.__dictoffset__ != 0)  # (an instance holds its timers' claims)
     (HEAP_TYPES if ok else _OTHER_TYPES).add(cls)
+    return ok
 
 
 def keeps_heap(loop: Any) -> bool:
-    """Whether ``loop``'s timers may live on its heap: asyncio's heap and
-    ``time.monotonic()`` clock (the class and the instance asked each time:
-    a clock patched on either is seen).  ``TimerThread.call_later`` has
-    the same test inline, for the classes known to keep the heap."""
-    if type(loop) in HEAP_TYPES:
-        return getattr(loop.time, "__func__", None) is _base_time
-    if type(loop) in _OTHER_TYPES:
-        return False
-    _learn(type(loop))
-    return keeps_heap(loop)
+    """Whether a TimerThread's timers for ``loop`` may live on its heap:
+    asyncio's heap and ``time.monotonic()`` clock (the class and the
+    instance asked each time: a clock patched on either is seen).
+    ``TimerThread.call_later`` has the same test inline, for the classes
+    known to keep the heap."""
+    return heap_type(type(loop)) and getattr(loop.time, "__func__", None) is _base_time
+
+
+_new = object.__new__
+_copy_context = contextvars.copy_context
+
+
+def push(loop: Any, when: Any, callback: Callable[..., object], args: tuple[Any, ...],
+         context: contextvars.Context | None) -> TimerHandle:
+    """``loop.call_at(when, callback, *args, context=context)`` of a loop of
+    :func:`heap_type` outside debug mode, in one call where asyncio's makes
+    five (``call_at``, ``_check_closed``, the two ``__init__``,
+    ``get_debug``): the same ``TimerHandle``, pushed on the same heap.  The
+    caller has checked that the loop is open."""
+    t: Any = _new(TimerHandle)
+    t._context = _copy_context() if context is None else context
+    t._loop = loop
+    t._callback = callback
+    t._args = args
+    t._cancelled = False
+    t._repr = None
+    t._source_traceback = None
+    t._when = when
+    _heappush(loop._scheduled, t)
+    t._scheduled = True
+    return t  # type: ignore[no-any-return]
+
+
+def cancel(timer: Any) -> None:
+    """``timer.cancel()`` of a ``TimerHandle`` of a loop of :func:`heap_type`
+    outside debug mode, in one call where asyncio's makes four
+    (``cancel``, ``_timer_handle_cancelled``, ``Handle.cancel``,
+    ``get_debug``)."""
+    if not timer._cancelled:
+        timer._cancelled = True
+        if timer._scheduled:
+            timer._loop._timer_cancelled_count += 1
+        timer._callback = timer._args = None
 
 
 # Every loop that has had a timer on its heap, by a weak reference.
@@ -126,9 +176,6 @@ _forget = LOOPS.discard
 _weakref = weakref.ref
 
 
-_new = object.__new__
-
-
 def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
         callback: Callable[..., object], args: tuple[Any, ...],
         context: contextvars.Context) -> Handle:
@@ -158,5 +205,5 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     return t  # type: ignore[no-any-return]
 
 
-__all__ = ["HEAP_TYPES", "LOOPS", "arm", "drop", "drop_closed_loops", "heap_call_at", "keeps_heap",
-           "loop_closing", "registries"]
+__all__ = ["HEAP_TYPES", "LOOPS", "SLOTS_KNOWN", "arm", "cancel", "drop", "drop_closed_loops",
+           "heap_call_at", "heap_type", "keeps_heap", "loop_closing", "push", "registries"]

@@ -20,11 +20,13 @@ import asyncio
 import math
 import sys
 from asyncio import events, tasks, timeouts
+from asyncio.events import TimerHandle
 from collections.abc import Awaitable
 from types import TracebackType
 from typing import Any, TypeVar
 
 from ._default import deliver_due
+from ._loop_timer import cancel, heap_type, push
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
 
@@ -83,9 +85,7 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
             if me._state is not _ENTERED:  # expired: asyncio's way out
                 await _asyncio_aexit(self, exc_type, exc_val, exc_tb)
                 return None
-            if me._timeout_handler is not None:
-                me._timeout_handler.cancel()
-                me._timeout_handler = None
+            _disarm(me)
             me._state = _EXITED
             return None
 
@@ -102,17 +102,30 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
             return
         # asyncio's reschedule, from here on
         me._when = when
-        if me._timeout_handler is not None:
-            me._timeout_handler.cancel()
+        _disarm(me)
         if when is None:
-            me._timeout_handler = None
             return
-        loop = _get_running_loop()
+        loop: Any = _get_running_loop()
         if when <= loop.time() or when != when:  # reached, or NaN: due at once
             deliver_due(loop)
             me._timeout_handler = loop.call_soon(me._on_timeout)
+        elif (type(when) is float or type(when) is int) and heap_type(type(loop)) and (
+                not loop._debug):
+            me._timeout_handler = push(loop, when, me._on_timeout, (), None)
         else:
             me._timeout_handler = loop.call_at(when, me._on_timeout)
+
+
+def _disarm(me: Any) -> None:
+    """Cancels a Timeout's timer, if it has one (asyncio's call, or
+    ``_loop_timer.cancel`` for a timer of asyncio's heap outside debug mode)."""
+    handler: Any = me._timeout_handler
+    if handler is not None:
+        if type(handler) is TimerHandle and not handler._loop._debug:  # type: ignore[attr-defined]
+            cancel(handler)
+        else:
+            handler.cancel()
+        me._timeout_handler = None
 
 
 def _deliver_if_reached(when: float) -> None:
