@@ -356,7 +356,15 @@ def _policy_deprecated(what: str, stacklevel: int) -> None:
 @functools.cache
 def _policy_class(name: str) -> type:
     """EventLoopPolicy or UVEventLoopPolicy, made on first use so that merely
-    importing bucketimer touches no deprecated asyncio name."""
+    importing bucketimer touches no deprecated asyncio name; named as this
+    module's."""
+    cls = _make_policy_class(name)
+    cls.__qualname__ = name
+    cls.__module__ = __name__
+    return cls
+
+
+def _make_policy_class(name: str) -> type:
     with warnings.catch_warnings():
         # The caller has already been told (_policy_deprecated).
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -391,6 +399,11 @@ def __getattr__(name: str) -> Any:
     if name in ("EventLoopPolicy", "UVEventLoopPolicy"):
         return _policy(name, stacklevel=2)
     raise AttributeError(f"module 'bucketimer.loop' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    # The API and the module's own dunders, not the names its code imports.
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
 
 
 def install() -> None:
