@@ -1,6 +1,7 @@
 """The package's namespace is its API: ``dir()`` lists what ``__all__``
 names (and the public submodules), not what its code imports, and the
-classes it makes on the fly are named as its own in their reprs."""
+classes it makes on the fly are named as its own in their reprs.  A module
+that needs an extra says which when its library is missing."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def test_the_policy_classes_are_named_as_the_package_s() -> None:
     assert repr(cls) == "<class 'bucketimer.loop.EventLoopPolicy'>"
     assert cls.__qualname__ == "EventLoopPolicy"
     assert repr(cls()).startswith("<bucketimer.loop.EventLoopPolicy object at ")
+
+
+@pytest.mark.parametrize(("module", "missing", "says"), [
+    ("bucketimer._cffi", "_cffi_backend", "pip install 'bucketimer[cffi]'"),
+    ("bucketimer._cffi", "bucketimer._cffi_lib", "this install does not have"),
+])  # (bucketimer.grpc's and bucketimer.otel's: tests/grpc/, tests/otel/)
+def test_a_module_whose_library_is_missing_says_what_to_install(module: str, missing: str,
+                                                                 says: str) -> None:
+    code = (f"import sys\nsys.modules[{missing!r}] = None  # as if it were not installed\n"
+            f"try:\n    import {module}\nexcept ImportError as e:\n    print(e)\n"
+            "else:\n    raise SystemExit('imported without it')\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert says in out, out
