@@ -10,6 +10,7 @@ the core counts it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from unittest import mock
@@ -94,11 +95,17 @@ def test_a_loop_whose_clock_is_patched_gets_the_real_clock(tt) -> None:
     assert asyncio.run(main()) >= 0.05
 
 
-@pytest.mark.parametrize("ender", ["the loop's close", "close()"])
+@pytest.mark.parametrize("ender", [
+    "the loop's close", "the drop-in loop's close", "close()",
+    pytest.param("the loop going unclosed", marks=pytest.mark.skipif(
+        not PURE, reason="a loop on the pure backend is freed as asyncio's is")),
+])
 def test_a_loop_timer_ended_unrun_is_counted_as_cancelled(ender: str) -> None:
     """Scheduled inside its running loop, then its loop or its TimerThread
-    closed before it was due: it never runs, it counts as cancelled, and
-    its handle says neither cancelled nor cancellable."""
+    closed before it was due (or the loop freed without a close): it never
+    runs, it counts as cancelled, and its handle says neither cancelled nor
+    cancellable.  The drop-in loop's close and the TimerThread's let go of
+    its callback at once."""
     tt = bucketimer.TimerThread()
     try:
         ran: list[int] = []
@@ -106,17 +113,26 @@ def test_a_loop_timer_ended_unrun_is_counted_as_cancelled(ender: str) -> None:
         async def main() -> bucketimer.Handle:
             return tt.call_later(0.05, ran.append, 1)
 
-        loop = asyncio.new_event_loop()
+        loop = bucketimer.new_event_loop() if "drop-in" in ender else asyncio.new_event_loop()
         h = loop.run_until_complete(main())
         if ender == "close()":
             tt.close()
+            assert h.callback is None
             loop.run_until_complete(asyncio.sleep(0.1))  # past its deadline
-        loop.close()
+        elif "drop-in" in ender:
+            loop.close()
+            assert h.callback is None
+        if ender == "the loop going unclosed":
+            with pytest.warns(ResourceWarning, match="unclosed event loop"):
+                del loop, h
+                gc.collect()
+        else:
+            loop.close()
         assert wait_until(lambda: tt.stats()["cancelled"] == 1, 5), tt.stats()
         s = tt.stats()
         assert (s["scheduled"], s["ran"], s["cancelled"], s["dropped"]) == (1, 0, 1, 0), s
-        assert h.cancel() is False and not h.cancelled()
-        assert h.callback is None
+        if ender != "the loop going unclosed":
+            assert h.cancel() is False and not h.cancelled()
         assert ran == []
     finally:
         tt.close()

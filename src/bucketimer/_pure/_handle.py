@@ -59,7 +59,7 @@ class Handle(TimerHandle):
     _sched: Scheduler
     _state: int
     # on its loop's heap: the loop's pending timers; else None
-    _pending: dict[int, Handle] | None
+    _pending: dict[int, Scheduler] | None
     # in the scheduler's heap: the deadline, rounded up to a nanosecond, and
     # where it goes once due
     _deadline_ns: int

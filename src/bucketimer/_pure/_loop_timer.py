@@ -16,17 +16,17 @@ Only loops that keep asyncio's own heap and clock qualify
 replaced on the instance).  Any other loop's timers, and those scheduled
 from another thread, go through the scheduler's thread.
 
-Claims: a pending timer is a key of its loop's dict of them
+Claims: a pending timer is a key (its id) of its loop's dict of them
 (``loop._bt_timers``, set with its first such timer, for every
 TimerThread); running it, cancelling it and dropping it each first pop it
 from there, one atomic ``dict.pop``, so exactly one of them happens.  A
 cancel from another thread takes it off the loop's heap through
 ``call_soon_threadsafe``: thread safety is paid by calls from other threads
-only.  Nothing of bucketimer's holds a loop: the loops with such timers are
-known by weak references (:data:`LOOPS`), for what a TimerThread's
-``close()`` drops and its ``stats()`` counts; a loop that closed with
-timers pending has them dropped and counted when ``stats()``, or the
-loop's own close (the drop-in loop's), looks.
+only.  Nothing of bucketimer's holds a loop, and the dict holds no timer
+(its values are their schedulers), so a loop is freed as asyncio's is; the
+loops are known by weak references (:data:`LOOPS`), for what a
+TimerThread's ``close()`` drops, and a loop that closed or went with timers
+pending has them counted as its close ended them.
 """
 
 from __future__ import annotations
@@ -135,44 +135,69 @@ def cancel(timer: Any) -> None:
         timer._callback = timer._args = None
 
 
-# Every loop that has had a timer on its heap, by a weak reference.
-LOOPS: set[weakref.ref[Any]] = set()
+# Every loop alive that has had a TimerThread's timer on its heap, by a
+# weak reference, and the dict of its pending ones (what its ``_bt_timers``
+# holds): id -> the timer's Scheduler.  Neither holds the loop or a timer,
+# so a loop is freed as asyncio's is, and when it goes, what it left
+# pending is counted (``_gone``).
+LOOPS: dict[weakref.ref[Any], dict[int, Scheduler]] = {}
 
 
-def registries() -> Iterator[dict[int, Handle]]:
-    """The dicts of pending timers of the loops alive."""
+def _gone(ref: weakref.ref[Any]) -> None:
+    """A loop was freed: its timers left pending ended with it."""
+    pending = LOOPS.pop(ref, None)
+    if pending:
+        _count_dropped(pending)
+
+
+def _count_dropped(pending: dict[int, Scheduler]) -> None:
+    """Claims what is left of ``pending`` for a loop that closed or went,
+    each counted by its scheduler as a timer its loop's close ended."""
+    while pending:
+        try:
+            sched = pending.popitem()[1]
+        except KeyError:  # claimed meanwhile by a cancel
+            break
+        sched.loop_timers_ended(1)
+
+
+def loops() -> Iterator[Any]:
+    """The loops alive that keep TimerThreads' timers on their heaps."""
     for ref in list(LOOPS):
-        timers = getattr(ref(), "_bt_timers", None)
-        if timers:
-            yield timers
+        loop = ref()
+        if loop is not None:
+            yield loop
 
 
-def drop(timers: dict[int, Handle], sched: Scheduler | None = None,
-         by_close: bool = False) -> None:
-    """Ends unrun every timer of ``timers`` it can claim (those of
-    ``sched``, or all), each counted by its scheduler (``by_close``: its
-    close)."""
-    for timer in [t for t in list(timers.values()) if sched is None or t._sched is sched]:
-        if timers.pop(timer._id, None) is not None:
-            timer._sched.loop_timer_dropped(timer, by_close)
+def timers_on(loop: Any) -> Iterator[Handle]:
+    """The TimerThreads' timers on ``loop``'s heap and in its ready queue
+    (read from another thread too: each is a copy taken at once)."""
+    for handle in (*list(loop._scheduled), *list(loop._ready)):
+        if type(handle) is Handle:
+            yield handle
 
 
 def drop_closed_loops() -> None:
-    """Drops the timers of every loop that closed."""
-    for ref in list(LOOPS):
+    """Counts the timers left pending by every loop that closed."""
+    for ref, pending in list(LOOPS.items()):
         loop = ref()
-        if loop is not None and loop._closed:
-            loop_closing(loop)
+        if loop is not None and loop._closed and pending:
+            _count_dropped(pending)
 
 
 def loop_closing(loop: Any) -> None:
-    """``loop`` is about to close, or closed: its timers are dropped."""
-    timers = getattr(loop, "_bt_timers", None)
-    if timers:
-        drop(timers)
+    """``loop`` is about to close (the pure drop-in loop's ``close()``): its
+    TimerThreads' timers are dropped, and counted as the core counts those
+    of a loop's close."""
+    pending = getattr(loop, "_bt_timers", None)
+    if not pending:
+        return
+    for timer in timers_on(loop):
+        if pending.pop(timer._id, None) is not None:
+            timer._sched.loop_timer_dropped(timer)
+    _count_dropped(pending)  # (any not found there)
 
 
-_forget = LOOPS.discard
 _weakref = weakref.ref
 
 
@@ -196,14 +221,13 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     t._state = PENDING
     pending = getattr(loop, "_bt_timers", None)
     if pending is None:  # the loop's first
-        pending = loop._bt_timers = {}
-        LOOPS.add(_weakref(loop, _forget))
+        pending = loop._bt_timers = LOOPS[_weakref(loop, _gone)] = {}
     t._pending = pending
-    pending[t._id] = t
+    pending[t._id] = sched
     _heappush(loop._scheduled, t)
     t._scheduled = True
     return t  # type: ignore[no-any-return]
 
 
-__all__ = ["HEAP_TYPES", "LOOPS", "SLOTS_KNOWN", "arm", "cancel", "drop", "drop_closed_loops",
-           "heap_call_at", "heap_type", "keeps_heap", "loop_closing", "push", "registries"]
+__all__ = ["HEAP_TYPES", "LOOPS", "SLOTS_KNOWN", "arm", "cancel", "drop_closed_loops", "heap_call_at",
+           "heap_type", "keeps_heap", "loop_closing", "loops", "push", "timers_on"]

@@ -28,7 +28,7 @@ from typing import Any
 
 from .._stats import Stats
 from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, scheduled
-from ._loop_timer import drop, drop_closed_loops, loop_closing, registries
+from ._loop_timer import drop_closed_loops, loop_closing, loops, timers_on
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -121,6 +121,11 @@ class Scheduler:
         reads the heap)."""
         self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
         self._thread.start()
+
+    def loop_timers_ended(self, count: int) -> None:
+        """``count`` loop timers claimed for their loop's close, their
+        handles gone or out of reach: counted as pending ones it ended."""
+        self._lt_unrun_pending += count
 
     def loop_timer_dropped(self, timer: Handle, by_close: bool = False) -> None:
         """A claimed loop timer that will never run: counted as the core counts
@@ -347,9 +352,12 @@ class Scheduler:
             self._heap.clear()
             self._inflight.clear()
             self._loops.clear()
-            # (a loop timer stays on its loop's heap, to be passed over there)
-            for loop_timers in registries():
-                drop(loop_timers, self, by_close=True)
+            # (a loop timer stays on its loop's heap, to be passed over there;
+            # one the loop is about to run drops itself, seeing this closed)
+            for loop in loops():
+                for timer in timers_on(loop):
+                    if timer._sched is self and loop._bt_timers.pop(timer._id, None):
+                        self.loop_timer_dropped(timer, by_close=True)
             self._wake.notify_all()
             self._submitted.notify_all()
         no_loop = sum(handle._outbox is self._dispatcher for handle in dropped)
@@ -370,9 +378,9 @@ class Scheduler:
         self._submitted = threading.Condition(self._lock)
         for entry in self._heap:
             entry[2]._state = DROPPED
-        for loop_timers in registries():
-            for timer in [t for t in list(loop_timers.values()) if t._sched is self]:
-                if loop_timers.pop(timer._id, None) is not None:
+        for loop in loops():
+            for timer in timers_on(loop):
+                if timer._sched is self and loop._bt_timers.pop(timer._id, None):
                     timer._state = DROPPED
         self._heap.clear()
         self._inflight.clear()

@@ -48,6 +48,10 @@ _get_running_loop = events.get_running_loop
 # self._timeout_handler (3.11-3.15); where that holds, reschedule() is
 # written out here, else it is asyncio's, after the due timers.
 _HANDLER_KNOWN = callable(getattr(timeouts.Timeout, "_on_timeout", None))
+# __aenter__ refuses a second entry from 3.11.7 (earlier 3.11s do not): it
+# is written out here where asyncio's does.
+_ENTERED_TWICE = "Timeout has already been entered"
+_ENTRY_CHECKED = _HANDLER_KNOWN and _ENTERED_TWICE in timeouts.Timeout.__aenter__.__code__.co_consts
 
 
 class Timeout(timeouts.Timeout):  # type: ignore[misc]
@@ -55,8 +59,9 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
     TimerThread's timers due by then, and a NaN one expires at once."""
 
     if _HANDLER_KNOWN:
-        # asyncio's __init__, __aenter__ and the usual way out of __aexit__
-        # (3.11.7-3.15), with the states read as the module's names
+        # asyncio's __init__ and the usual way out of __aexit__ (3.11-3.15),
+        # and __aenter__ (3.11.7-3.15), with the states read as the
+        # module's names
 
         def __init__(self, when: float | None) -> None:
             me: Any = self
@@ -64,19 +69,6 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
             me._timeout_handler = None
             me._task = None
             me._when = when
-
-        async def __aenter__(self) -> Timeout:
-            me: Any = self
-            if me._state is not _CREATED:
-                raise RuntimeError("Timeout has already been entered")
-            task = _current_task()
-            if task is None:
-                raise RuntimeError("Timeout should be used inside a task")
-            me._state = _ENTERED
-            me._task = task
-            me._cancelling = task.cancelling()
-            self.reschedule(me._when)
-            return self
 
         async def __aexit__(self, exc_type: type[BaseException] | None,
                             exc_val: BaseException | None, exc_tb: TracebackType | None,
@@ -88,6 +80,21 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
             _disarm(me)
             me._state = _EXITED
             return None
+
+    if _ENTRY_CHECKED:
+
+        async def __aenter__(self) -> Timeout:
+            me: Any = self
+            if me._state is not _CREATED:
+                raise RuntimeError(_ENTERED_TWICE)
+            task = _current_task()
+            if task is None:
+                raise RuntimeError("Timeout should be used inside a task")
+            me._state = _ENTERED
+            me._task = task
+            me._cancelling = task.cancelling()
+            self.reschedule(me._when)
+            return self
 
     def reschedule(self, when: float | None) -> None:
         me: Any = self  # (typeshed does not declare asyncio's private members)
