@@ -2,14 +2,15 @@
 
 A timer is kept in one of two places, and its Handle says which:
 
-* on its loop's own heap (``_pending`` is the loop's dict of pending
+* on its loop's own heap (``_home`` is the loop's dict of pending
   timers, ``_loop_timer.py``): a timer scheduled in its loop's thread while
   the loop runs.  The Handle is an ``asyncio.TimerHandle`` of that loop,
   pushed as ``loop.call_at`` pushes one; the loop runs it (``_run``).  Its
   claims -- running it, cancelling it, dropping it -- each pop it from
-  ``_pending`` first, one atomic ``dict.pop``, so exactly one of them
+  ``_home`` first, one atomic ``dict.pop``, so exactly one of them
   happens.
-* in its scheduler's heap (``_pending`` None): every other timer.  It is
+* in its scheduler's heap (``_home`` the ``Outbox`` it goes to once due):
+  every other timer.  It is
   PENDING in the heap, POSTED once due and handed to its loop or the
   dispatcher, RUNNING once claimed right before its callback is called
   (``_call``); PENDING or POSTED may become CANCELLED (``cancel()``) or
@@ -27,7 +28,6 @@ import contextvars
 import time
 from asyncio.events import TimerHandle, _get_running_loop
 from collections.abc import Callable
-from heapq import heappush
 from typing import TYPE_CHECKING, Any
 
 from .._reporting import report_to_loop
@@ -48,30 +48,29 @@ class Handle(TimerHandle):
     """What ``call_later``/``call_at`` return: ``cancel()`` is True exactly
     when the callback will never run."""
 
-    __slots__ = ("_at", "_deadline_ns", "_id", "_outbox", "_pending", "_sched", "_state")
+    # (few: a timer's size is what the cycle collector walks and frees)
+    __slots__ = ("_home", "_id", "_sched", "_state")
 
-    # (asyncio's slots that typeshed leaves out)
+    # (asyncio's slots that typeshed leaves out; _when is what when() gives)
     _loop: Any
     _context: contextvars.Context
-    # when() as asked for (an int given to call_at stays one)
-    _at: float
+    _when: float
+    _scheduled: bool
     _id: int
     _sched: Scheduler
     _state: int
-    # on its loop's heap: the loop's pending timers; else None
-    _pending: dict[int, Scheduler] | None
-    # in the scheduler's heap: the deadline, rounded up to a nanosecond, and
-    # where it goes once due
-    _deadline_ns: int
-    _outbox: Outbox
+    # on its loop's heap: the loop's pending timers (id -> scheduler); in the
+    # scheduler's heap: where it goes once due
+    _home: dict[int, Scheduler] | Outbox
 
     # Handles compare by identity, as the native ones do (TimerHandle's
     # compare the deadline and the callback).
     __hash__ = object.__hash__
     __eq__ = object.__eq__
 
-    def __init__(self) -> None:  # pragma: no cover - made by arm() and scheduled()
-        raise TypeError("a Handle is made by call_later() or call_at()")
+    # (made by arm() and scheduled(), never by a caller: object's __init__
+    # is the cheapest way to a blank one)
+    __init__ = object.__init__
 
     @property
     def id(self) -> int:
@@ -93,10 +92,10 @@ class Handle(TimerHandle):
     def cancel(self) -> bool:  # type: ignore[override]
         """True if the callback will never run; False if it ran, is running,
         was cancelled before or was dropped."""
-        pending = self._pending
-        if pending is None:
+        home = self._home
+        if type(home) is not dict:
             return self._sched.cancel(self)
-        if pending.pop(self._id, None) is None:
+        if home.pop(self._id, None) is None:
             return False
         loop: Any = self._loop
         self._callback = self._args = None  # type: ignore[assignment]
@@ -104,7 +103,6 @@ class Handle(TimerHandle):
             self._sched.loop_timer_dropped(self)
             return False
         self._state = CANCELLED
-        self._sched.lt_cancelled += 1
         if _get_running_loop() is not loop:
             try:
                 loop.call_soon_threadsafe(_off_the_heap, self)
@@ -122,8 +120,9 @@ class Handle(TimerHandle):
         return self._state == CANCELLED
 
     def when(self) -> float:
-        """The deadline, on the ``time.monotonic()`` clock."""
-        return self._at
+        """The deadline, on the ``time.monotonic()`` clock (an int given to
+        ``call_at`` stays one)."""
+        return self._when
 
     def get_context(self) -> contextvars.Context:
         return self._context
@@ -140,22 +139,20 @@ class Handle(TimerHandle):
         cb = self._callback
         what = "" if cb is None else f" {getattr(cb, '__qualname__', cb)!s}"
         return (f"<bucketimer.Handle id={self._id} {_STATE_NAMES[self._state]}"
-                f" when={self._at}{what}>")
+                f" when={self._when}{what}>")
 
     # -- on its loop's heap -------------------------------------------------------
 
     def _run(self) -> None:
         """Called by the loop once the timer is due.  asyncio runs a timer up
-        to its clock's resolution early: such a timer goes back on the heap,
+        to its clock's resolution early: such a timer is called again then,
         so that a callback never sees ``time.monotonic() < when()``."""
         now = _monotonic()
-        if now < self._at:
+        if now < self._when:
             loop = self._loop
-            self._when = self._at + loop._clock_resolution
-            heappush(loop._scheduled, self)
-            self._scheduled = True
+            loop.call_at(self._when + loop._clock_resolution, self._run)
             return
-        if self._pending.pop(self._id, None) is None:  # type: ignore[union-attr]
+        if self._home.pop(self._id, None) is None:  # type: ignore[union-attr]
             return  # cancelled from another thread, or dropped
         sched = self._sched
         if sched._closed:  # closed while this was being claimed
@@ -163,7 +160,7 @@ class Handle(TimerHandle):
             return
         self._state = RUNNING
         sched.lt_ran += 1
-        late_ns = int((now - self._at) * 1e9)
+        late_ns = int((now - self._when) * 1e9)
         sched._hist[min(late_ns.bit_length() if late_ns > 0 else 0, HIST_TOP)] += 1
         try:
             self._context.run(self._callback, *self._args)  # type: ignore[arg-type]
@@ -195,24 +192,21 @@ def _off_the_heap(timer: Handle) -> None:
         timer._loop._timer_handle_cancelled(timer)
 
 
-_new = object.__new__
 
 
-def scheduled(sched: Scheduler, timer_id: int, when: float, deadline_ns: int,
+def scheduled(sched: Scheduler, timer_id: int, when: float,
               callback: Callable[..., object], args: tuple[Any, ...],
               context: contextvars.Context, outbox: Outbox) -> Handle:
     """A Handle for the scheduler's heap (PENDING)."""
-    h: Any = _new(Handle)
+    h: Any = Handle()
     h._sched = sched
     h._id = timer_id
-    h._at = h._when = when
-    h._deadline_ns = deadline_ns
+    h._when = when
     h._callback = callback
     h._args = args
     h._context = context
-    h._outbox = outbox
+    h._home = outbox
     h._loop = outbox.loop
-    h._pending = None
     h._state = PENDING
     h._cancelled = h._scheduled = False
     h._repr = h._source_traceback = None

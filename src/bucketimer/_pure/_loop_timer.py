@@ -40,6 +40,7 @@ from asyncio.events import TimerHandle
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ._arguments import SECONDS_RANGE as _RANGE
 from ._handle import PENDING, Handle
 
 if TYPE_CHECKING:
@@ -151,14 +152,15 @@ def _gone(ref: weakref.ref[Any]) -> None:
 
 
 def _count_dropped(pending: dict[int, Scheduler]) -> None:
-    """Claims what is left of ``pending`` for a loop that closed or went,
-    each counted by its scheduler as a timer its loop's close ended."""
-    while pending:
-        try:
-            sched = pending.popitem()[1]
-        except KeyError:  # claimed meanwhile by a cancel
-            break
-        sched.loop_timers_ended(1)
+    """Claims what is left of ``pending`` for a loop that closed or went:
+    ended by its close, they count as cancelled (their schedulers' stats()
+    count what is no longer pending, run nor dropped as cancelled)."""
+    pending.clear()
+
+
+def loop_timers() -> list[dict[int, Scheduler]]:
+    """The dicts of pending timers of the loops alive."""
+    return list(LOOPS.values())
 
 
 def loops() -> Iterator[Any]:
@@ -201,16 +203,34 @@ def loop_closing(loop: Any) -> None:
 _weakref = weakref.ref
 
 
+def first_timer_of(loop: Any) -> dict[int, Scheduler]:
+    """The dict of ``loop``'s pending timers, made for its first."""
+    pending: dict[int, Scheduler] = {}
+    loop._bt_timers = LOOPS[_weakref(loop, _gone)] = pending
+    return pending
+
+
 def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
         callback: Callable[..., object], args: tuple[Any, ...],
-        context: contextvars.Context) -> Handle:
+        context: contextvars.Context) -> Handle | None:
     """A timer due at ``seconds`` (``when()`` gives ``when``), pushed on
-    ``loop``'s heap; called in the loop's thread while it runs."""
-    t: Any = _new(Handle)
-    t._id = next(sched._ids)
+    ``loop``'s heap; called in the loop's thread while it runs.  None (the
+    caller's scheduler thread takes the timer) in the rare case where a
+    timer of another TimerThread pending on the loop has the id this one
+    got: ids are each TimerThread's own."""
+    if type(when) is int and not -_RANGE <= when <= _RANGE:
+        return None  # (one too large for a float: asyncio's heap cannot take it)
+    pending = getattr(loop, "_bt_timers", None)
+    if pending is None:
+        pending = first_timer_of(loop)
+    tid = next(sched._ids)
+    if pending.setdefault(tid, sched) is not sched:
+        sched.ids_elsewhere += 1
+        return None
+    t: Any = Handle()
+    t._id = tid
     t._sched = sched
-    t._when = seconds
-    t._at = when
+    t._when = when
     t._callback = callback
     t._args = args
     t._context = context
@@ -219,11 +239,7 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     t._repr = None
     t._source_traceback = None
     t._state = PENDING
-    pending = getattr(loop, "_bt_timers", None)
-    if pending is None:  # the loop's first
-        pending = loop._bt_timers = LOOPS[_weakref(loop, _gone)] = {}
-    t._pending = pending
-    pending[t._id] = sched
+    t._home = pending
     _heappush(loop._scheduled, t)
     t._scheduled = True
     return t  # type: ignore[no-any-return]

@@ -27,8 +27,9 @@ from time import monotonic_ns
 from typing import Any
 
 from .._stats import Stats
+from ._arguments import deadline_ns, to_seconds
 from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, scheduled
-from ._loop_timer import drop_closed_loops, loop_closing, loops, timers_on
+from ._loop_timer import drop_closed_loops, loop_closing, loop_timers, loops, timers_on
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -73,12 +74,13 @@ class Scheduler:
         self._hist = [0] * HIST_BUCKETS
         # The thread serves timers of its heap only: started with the first one.
         self._thread: threading.Thread | None = None
-        # loop timers cancelled and run (each counted by the thread that won
-        # its claim: a loop's thread, or a canceller's), and ended unrun by
-        # the close of their loop or of this scheduler
-        self.lt_cancelled = 0
+        # Loop timers are counted where it costs least: run (by their loop's
+        # thread), ended unrun by their loop's or this scheduler's close; the
+        # ids handed out and not used (another TimerThread's timer on the
+        # loop had it).  stats() works out the rest: scheduled from the ids,
+        # pending from the loops' dicts, cancelled from those.
         self.lt_ran = 0
-        self._lt_unrun_pending = 0
+        self.ids_elsewhere = 0
         self._lt_unrun_due = 0
         _live.add(self)
 
@@ -105,7 +107,7 @@ class Scheduler:
             else:
                 outbox = self._loops.get(loop) or self._new_outbox(loop)
             timer_id = next(self._ids)
-            handle = scheduled(self, timer_id, when, deadline_ns, callback, args, context, outbox)
+            handle = scheduled(self, timer_id, when, callback, args, context, outbox)
             heap = self._heap
             heappush(heap, (deadline_ns, timer_id, handle))
             self._counts["scheduled"] += 1
@@ -122,11 +124,6 @@ class Scheduler:
         self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
         self._thread.start()
 
-    def loop_timers_ended(self, count: int) -> None:
-        """``count`` loop timers claimed for their loop's close, their
-        handles gone or out of reach: counted as pending ones it ended."""
-        self._lt_unrun_pending += count
-
     def loop_timer_dropped(self, timer: Handle, by_close: bool = False) -> None:
         """A claimed loop timer that will never run: counted as the core counts
         a timer its loop's or its TimerThread's close ended (docs/design.rst,
@@ -134,10 +131,8 @@ class Scheduler:
         loop had taken it due (off its heap) and not run it."""
         timer._state = DROPPED
         timer._release()
-        if by_close or timer._scheduled:
-            self._lt_unrun_pending += 1
-        else:
-            self._lt_unrun_due += 1
+        if not by_close and not timer._scheduled:
+            self._lt_unrun_due += 1  # (else a cancelled one, for stats())
 
     def _new_outbox(self, loop: asyncio.AbstractEventLoop) -> Outbox:
         outbox = self._loops[loop] = LoopOutbox(self, loop)
@@ -252,7 +247,7 @@ class Scheduler:
                 self._discard(handle)
                 continue
             handle._state = POSTED
-            batches.setdefault(handle._outbox, []).append(handle)
+            batches.setdefault(handle._home, []).append(handle)  # type: ignore[arg-type]
         for batch in batches.values():
             self._inflight[id(batch)] = batch
             self._counts["fired"] += len(batch)
@@ -287,7 +282,7 @@ class Scheduler:
                 return False
             handle._state = RUNNING
             self._counts["ran"] += 1
-            lateness = monotonic_ns() - handle._deadline_ns
+            lateness = monotonic_ns() - deadline_ns(to_seconds(handle._when, "when"))
             if lateness < 0:
                 self._counts["early_fires"] += 1
             self._hist[min(max(lateness, 0).bit_length(), HIST_BUCKETS - 1)] += 1
@@ -323,8 +318,8 @@ class Scheduler:
             outbox = self._loops.pop(loop, None)
             if outbox is None:
                 return
-            batches = [b for b in self._inflight.values() if b and b[0]._outbox is outbox]
-            pending = [e[2] for e in self._heap if e[2]._outbox is outbox and e[2]._state == PENDING]
+            batches = [b for b in self._inflight.values() if b and b[0]._home is outbox]
+            pending = [e[2] for e in self._heap if e[2]._home is outbox and e[2]._state == PENDING]
             for handle in pending:
                 self._drop_one(handle, "cancelled")
             self._dead += len(pending)
@@ -360,7 +355,7 @@ class Scheduler:
                         self.loop_timer_dropped(timer, by_close=True)
             self._wake.notify_all()
             self._submitted.notify_all()
-        no_loop = sum(handle._outbox is self._dispatcher for handle in dropped)
+        no_loop = sum(handle._home is self._dispatcher for handle in dropped)
         for handle in dropped:
             handle._release()
         thread = self._thread
@@ -397,15 +392,15 @@ class Scheduler:
             ports = len(self._loops) + self._dispatcher.started
             # a loop timer is posted to its loop, and let go of if cancelled,
             # as it is claimed
-            ran, cancelled = self.lt_ran, self.lt_cancelled + self._lt_unrun_pending
-            scheduled = _issued(self._ids)
-            # the loop timers not yet claimed, and the timers in the heap
-            heap_size = (scheduled - counts["scheduled"] - ran - cancelled - self._lt_unrun_due
-                         + len(self._heap))
+            ran, dropped = self.lt_ran, self._lt_unrun_due
+            scheduled = _issued(self._ids) - self.ids_elsewhere
+            pending = sum(list(timers.values()).count(self) for timers in loop_timers())
+            cancelled = scheduled - counts["scheduled"] - ran - dropped - pending
+            heap_size = pending + len(self._heap)
         return Stats(
             scheduled=scheduled, cancelled=counts["cancelled"] + cancelled, postponed=0,
             fired=counts["fired"] + ran, posted=counts["posted"] + ran, ran=counts["ran"] + ran,
-            dropped=counts["dropped"] + self._lt_unrun_due, wakeups=counts["wakeups"],
+            dropped=counts["dropped"] + dropped, wakeups=counts["wakeups"],
             passes=counts["passes"], eventfd_writes=counts["eventfd_writes"],
             drains=counts["drains"], sweeps=counts["sweeps"],
             reaped=counts["reaped"] + cancelled, heap_size=heap_size, list_size=0, dead=dead,
@@ -415,8 +410,8 @@ class Scheduler:
 
 
 def _issued(ids: itertools.count[int]) -> int:
-    """How many ids ``ids`` (counting from 1) has handed out: one per timer
-    scheduled (its repr is ``count(next)``)."""
+    """How many ids ``ids`` (counting from 1) has handed out (its repr is
+    ``count(next)``)."""
     return int(repr(ids)[6:-1]) - 1
 
 

@@ -92,9 +92,16 @@ class TimerThread:
             # on its heap (keeps_heap(), for the classes known to)
             if loop is None and context is None and callable(callback):
                 running: Any = _get_running_loop()
-                if type(running) in HEAP_TYPES and getattr(
-                        running.time, "__func__", None) is _base_time:
-                    return arm(sched, running, seconds, seconds, callback, args, copy_context())
+                if type(running) in HEAP_TYPES:
+                    try:
+                        stock_clock = running.time.__func__ is _base_time
+                    except AttributeError:  # a time that is not a method
+                        stock_clock = False
+                    if stock_clock:
+                        h = arm(sched, running, seconds, seconds, callback, args,
+                                copy_context())
+                        if h is not None:
+                            return h
             return self._schedule(seconds, callback, args, loop, context)
         seconds = to_seconds(delay, "delay")
         when = math.inf if seconds > SECONDS_RANGE else monotonic() + seconds
@@ -123,8 +130,10 @@ class TimerThread:
         if context is None:  # the caller's, as asyncio's call_later takes it
             context = copy_context()
         if loop is running and loop is not None and keeps_heap(loop):
-            return arm(self._sched, loop, seconds, seconds if when is None else when,
-                       callback, args, context)
+            h = arm(self._sched, loop, seconds, seconds if when is None else when,
+                    callback, args, context)
+            if h is not None:
+                return h
         # deadline_ns(seconds), its usual case inline
         ns = ceil(seconds * 1e9) if 0.0 < seconds < SECONDS_RANGE else -1
         if ns < 0 or ns / 1e9 < seconds:
