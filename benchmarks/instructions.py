@@ -17,6 +17,7 @@ the loop's set-up cancelling out.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -29,14 +30,22 @@ N = 5000
 SNIPPET = r"""
 import asyncio, sys
 import bucketimer
-from bucketimer.bench.workloads import sync_pairs, timeout_round, wait_for_round
+from bucketimer.bench.workloads import fill, sync_pairs, timeout_round, wait_for_round
 op, n = sys.argv[1], int(sys.argv[2])
 ours = op.endswith("bucketimer")
+# "pair@10000/...": the pairs with that many timers pending on the same call_later
+pending = int(op.split("/")[0].partition("@")[2] or 0)
 async def main():
     if op.startswith("timeout_none"):  # the same loop with no timer armed
         cm = bucketimer.timeout if ours else asyncio.timeout
         for _ in range(n):
             async with cm(None):
+                pass
+    elif op.startswith("timeout_at"):
+        loop = asyncio.get_running_loop()
+        cm = bucketimer.timeout_at if ours else asyncio.timeout_at
+        for _ in range(n):
+            async with cm(loop.time() + 30):
                 pass
     elif op.startswith("timeout"):
         await timeout_round(bucketimer.timeout if ours else asyncio.timeout, n)
@@ -48,7 +57,9 @@ async def main():
             for _ in range(n):
                 cm.reschedule(loop.time() + 30)
     elif op.startswith("idle"):  # loop iterations: a call_soon chain
-        if op != "idle/asyncio":  # after one bucketimer timeout on this loop
+        if op == "idle/timer-thread":  # after one TimerThread timer on this loop
+            bucketimer.call_later(3600, print).cancel()
+        elif op != "idle/asyncio":  # after one bucketimer timeout on this loop
             async with bucketimer.timeout(3600):
                 await asyncio.sleep(0)
         loop = asyncio.get_running_loop()
@@ -61,10 +72,19 @@ async def main():
                 done.set_result(None)
         loop.call_soon(step)
         await done
-    elif op == "pair/timer-thread":
-        sync_pairs(bucketimer.default_timer_thread().call_later, n)
+    elif op.startswith("at_pair"):  # call_at(now + 30, cb).cancel()
+        loop = asyncio.get_running_loop()
+        call_at, cb = loop.call_at, print
+        for _ in range(n):
+            call_at(loop.time() + 30, cb).cancel()
     else:
-        sync_pairs(asyncio.get_running_loop().call_later, n)
+        loop = asyncio.get_running_loop()
+        tt = bucketimer.default_timer_thread()
+        call_later = tt.call_later if op.endswith("timer-thread") else loop.call_later
+        keep = await fill(call_later, pending, None)
+        sync_pairs(call_later, n)
+        for h in keep:
+            h.cancel()
 factory = bucketimer.new_event_loop if op.endswith("drop-in") else asyncio.SelectorEventLoop
 with asyncio.Runner(loop_factory=factory) as r:
     r.run(main())
@@ -79,14 +99,25 @@ OPS = [
     ("loop iteration, the helpers used", "idle/asyncio", "idle/bucketimer"),
     ("loop iteration, drop-in loop", "idle/asyncio", "idle/drop-in"),
 ]
-# The pure-Python backend (BUCKETIMER_NO_EXTENSIONS=1): its TimerThread's
-# pair against the loop's, and its helpers (asyncio's, with the native ones'
-# order of due timers and NaN deadline) against asyncio's.
+# The pure-Python backend (BUCKETIMER_NO_EXTENSIONS=1): the drop-in loop's
+# pairs (asyncio's heap behind its call_at/call_later) and a TimerThread's
+# (on the running loop's heap) against the stock loop's, its helpers
+# (asyncio's, with the native ones' order of due timers and NaN deadline)
+# against asyncio's, and what must stay asyncio's: an idle iteration.
 OPS_PURE = [
+    ("loop.call_later(30, cb).cancel()", "pair/asyncio", "pair/drop-in"),
+    ("(the drop-in loop) 10k pending", "pair@10000/asyncio", "pair@10000/drop-in"),
+    ("100k pending", "pair@100000/asyncio", "pair@100000/drop-in"),
+    ("loop.call_at(now + 30, cb).cancel()", "at_pair/asyncio", "at_pair/drop-in"),
     ("tt.call_later(30, cb).cancel()", "pair/asyncio", "pair/timer-thread"),
+    ("(a TimerThread's) 10k pending", "pair@10000/asyncio", "pair@10000/timer-thread"),
+    ("100k pending", "pair@100000/asyncio", "pair@100000/timer-thread"),
     ("async with timeout(30): pass", "timeout/asyncio", "timeout/bucketimer"),
+    ("async with timeout_at(now + 30): pass", "timeout_at/asyncio", "timeout_at/bucketimer"),
     ("cm.reschedule(loop.time() + 30)", "reschedule/asyncio", "reschedule/bucketimer"),
     ("await wait_for(coro(), 30)", "wait_for/asyncio", "wait_for/bucketimer"),
+    ("loop iteration, a TimerThread's used", "idle/asyncio", "idle/timer-thread"),
+    ("loop iteration, drop-in loop", "idle/asyncio", "idle/drop-in"),
 ]
 
 
@@ -105,6 +136,7 @@ def instructions(script: str, op: str, n: int) -> int:
     raise RuntimeError(f"no summary line from callgrind for {op}")
 
 
+@functools.cache  # (a reference row serves several rows)
 def per_op(script: str, op: str) -> float:
     return (instructions(script, op, 2 * N) - instructions(script, op, N)) / N
 

@@ -129,3 +129,99 @@ def test_stock():
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.OK
     assert "native timers armed" not in result.stdout.str()
+
+
+# Tests marked one by one, checking from inside the loop asyncio made which
+# mode they run in; the unmarked one runs in the session's.
+MARKED_TESTS = """
+import asyncio
+import os
+
+import pytest
+
+import bucketimer
+
+
+def seen():
+    async def main():
+        await asyncio.sleep(0.001)  # a timer of the loop's
+        return (type(asyncio.get_running_loop()) is bucketimer.EventLoop,
+                asyncio.timeout is bucketimer.aio.timeout)
+    return asyncio.run(main(), debug=True)
+
+
+@pytest.mark.bucketimer("loop")
+def test_loop():
+    assert seen() == (True, False)
+
+
+@pytest.mark.bucketimer("patch")
+def test_patch():
+    assert seen() == (False, True)
+
+
+@pytest.mark.bucketimer(mode="both")
+def test_both():
+    assert seen() == (True, True)
+
+
+@pytest.mark.bucketimer("off")
+def test_off():
+    assert seen() == (False, False)
+
+
+@pytest.fixture
+def fixture_loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.mark.bucketimer("loop")
+def test_a_fixture_makes_its_loop_in_the_mode(fixture_loop):
+    assert type(fixture_loop) is bucketimer.EventLoop
+
+
+def test_unmarked():
+    session = os.environ["SESSION_MODE"]
+    assert seen() == (session in ("loop", "both"), session in ("patch", "both"))
+"""
+
+
+@pytest.mark.parametrize("session", ["", "both"])
+def test_a_marked_test_runs_in_its_own_mode(pytester: pytest.Pytester,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            session: str) -> None:
+    """@pytest.mark.bucketimer(mode) puts one test in a mode, fixtures
+    included, whatever the session's, which the next test gets back; with
+    no session mode the summary says what ran."""
+    monkeypatch.setenv("SESSION_MODE", session)
+    pytester.makepyfile(test_marked=MARKED_TESTS)
+    args = ["-p", "bucketimer.pytest_plugin"]
+    if session:
+        args.append(f"--bucketimer={session}")
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=6)
+    # (a session mode on the pure backend arms no native timer: it fails)
+    assert result.ret == (pytest.ExitCode.OK if bucketimer.backend == "native" or not session
+                          else pytest.ExitCode.TESTS_FAILED)
+    summary = ("no --bucketimer mode: the session ran on stock asyncio, 5 test(s) marked "
+               "@pytest.mark.bucketimer(mode) in their own (backend *")
+    if session:
+        result.stdout.no_fnmatch_line(summary)
+    else:
+        result.stdout.fnmatch_lines([summary])
+
+
+def test_a_mark_with_no_such_mode_stops_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bad="""
+import pytest
+
+@pytest.mark.bucketimer("fast")
+def test_bad():
+    pass
+""")
+    result = pytester.runpytest_subprocess("-p", "bucketimer.pytest_plugin")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*@pytest.mark.bucketimer('fast'): the mode is one of loop, "
+                                 "patch, both, off*"])

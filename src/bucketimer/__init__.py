@@ -26,8 +26,9 @@ an eventfd) or to a dispatcher thread.
   ``bucketimer.bench``: the benchmark kit.
 """
 
-import sys
-from typing import Any
+import sys as _sys
+from types import ModuleType as _ModuleType
+from typing import Any as _Any
 
 from . import _pending, loop
 from ._backend import (
@@ -75,14 +76,23 @@ __all__ = [
     "wait_for",
 ]
 
-if sys.version_info < (3, 14):
+if _sys.version_info < (3, 14):
     __all__ += ["EventLoopPolicy"]
 
 _pending._from_environment()  # BUCKETIMER_TRACE_TIMERS
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     # Made on first use: from 3.14 asyncio deprecates the policy system.
     if name == "EventLoopPolicy":
         return loop._policy(name, stacklevel=2)
     raise AttributeError(f"module 'bucketimer' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    # The API, its public submodules imported so far and the module's own
+    # dunders: not the names its code imports, nor its private modules.
+    public = {name for name, value in globals().items()
+              if name.startswith("__") or (isinstance(value, _ModuleType) and name[0] != "_"
+                                           and value.__name__.startswith(f"{__name__}."))}
+    return sorted({*__all__, "__version__", *public})

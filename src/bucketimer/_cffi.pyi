@@ -8,5 +8,7 @@ type checker, so both are ``Any``.
 
 from typing import Any
 
+__all__ = ["ffi", "lib"]
+
 ffi: Any
 lib: Any

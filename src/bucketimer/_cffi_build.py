@@ -1,10 +1,11 @@
-"""cffi out-of-line API-mode builder for ``bucketimer._cffi`` and
+"""cffi out-of-line API-mode builder for ``bucketimer._cffi_lib`` and
 ``bucketimer.bench._cbench``.
 
 The two modules, and what each is cdef'd from and linked with:
 
-* ``bucketimer._cffi``: the public header ``csrc/include/bucketimer.h``, the
-  core's C API and nothing else (what tests and users call);
+* ``bucketimer._cffi_lib``: the public header ``csrc/include/bucketimer.h``,
+  the core's C API and nothing else (what tests and users call, as
+  ``bucketimer._cffi``, which says what is missing when it cannot load);
 * ``bucketimer.bench._cbench``: the same header and the benchmark kit's
   ``csrc/bench/bucketimer_bench.h`` (the reference single-lock heap timer and
   the GIL-free benchmark loops), for the kit alone.
@@ -25,7 +26,7 @@ The build (CMakeLists.txt) runs this file as a script::
 
     python src/bucketimer/_cffi_build.py [--bench] OUT.c
 
-which writes the generated C source of ``bucketimer._cffi`` (with
+which writes the generated C source of ``bucketimer._cffi_lib`` (with
 ``--bench``: of ``bucketimer.bench._cbench``) to ``OUT.c``; CMake then
 compiles it against the static libraries.  This file is build-time only: it
 is not part of the installed package.
@@ -46,7 +47,7 @@ HEADER = os.path.join(INCLUDE_DIR, "bucketimer.h")
 BENCH_DIR = os.path.normpath(os.path.join(HERE, "..", "..", "csrc", "bench"))
 BENCH_HEADER = os.path.join(BENCH_DIR, "bucketimer_bench.h")
 
-CORE_MODULE = "bucketimer._cffi"
+CORE_MODULE = "bucketimer._cffi_lib"
 BENCH_MODULE = "bucketimer.bench._cbench"
 # module -> the headers cdef'd and included, in that order
 MODULES: dict[str, tuple[str, ...]] = {

@@ -55,11 +55,13 @@ import warnings
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from time import monotonic as _monotonic
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import _backend, _patch
 from ._backend import TimerThread
-from ._pure._arguments import to_seconds
+from ._pure._arguments import check_delay as _check_delay
+from ._pure._arguments import check_when as _check_when
+from ._pure._arguments import without_own_frame as _without_own_frame
 
 __all__ = ["EventLoop", "install", "new_event_loop", "run"]
 if sys.version_info < (3, 14):
@@ -68,39 +70,6 @@ if sys.version_info < (3, 14):
 _T = TypeVar("_T")
 
 _base_time = asyncio.BaseEventLoop.time
-
-
-def _without_own_frame(handle: Any) -> Any:
-    """A handle made in debug mode remembers the stack it was made on; as
-    each of asyncio's own call_* methods does, drop the frame of the method
-    that made it, so the last one left is the caller's."""
-    tb = getattr(handle, "_source_traceback", None)
-    if tb:
-        del tb[-1]
-    return handle
-
-
-# What the native call_at/call_later refuse (ext/scheduler_type.c), refused
-# the same way on asyncio's path (debug mode, a virtual clock, the pure
-# backend): asyncio's own None checks; a call_at deadline that is not a real
-# number (asyncio takes it and fails later, inside the loop); a call_later
-# delay that does not add to the clock, with a message naming it.
-# docs/asyncio.rst, "One contract", lists them.
-def _check_when(when: Any) -> None:
-    if when is None:
-        raise TypeError("when cannot be None")
-    if not isinstance(when, (int, float)):
-        to_seconds(when, "when")
-
-
-def _check_delay(delay: Any) -> None:
-    if delay is None:
-        raise TypeError("delay must not be None")
-    try:
-        when = _monotonic() + delay
-    except TypeError:
-        raise TypeError(f"delay must be a real number, not {type(delay).__name__}") from None
-    to_seconds(when, "delay")
 
 
 class _LoopTimers:
@@ -299,28 +268,33 @@ if _backend.NATIVE:
         return type(selector_class.__name__, (_PollStamp,), {"__module__": __name__})
 
 
-class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc]
-    """``asyncio.SelectorEventLoop`` whose ``call_at``/``call_later`` use bucketimer.
+if TYPE_CHECKING or _backend.NATIVE:
 
-    ``EventLoop(selector=None, *, timer_thread=None)``; ``timer_thread``
-    defaults to :func:`bucketimer.default_timer_thread`.
-    """
+    class EventLoop(_NativeTimersMixin, asyncio.SelectorEventLoop):  # type: ignore[misc]
+        """``asyncio.SelectorEventLoop`` whose ``call_at``/``call_later`` use bucketimer.
 
-    _bt_stock_time = _base_time
+        ``EventLoop(selector=None, *, timer_thread=None)``; ``timer_thread``
+        defaults to :func:`bucketimer.default_timer_thread`.
+        """
 
-    def __init__(self, selector: selectors.BaseSelector | None = None, *,
-                 timer_thread: TimerThread | None = None) -> None:
-        polled = None
-        if _backend.NATIVE:
-            selector = selector or selectors.DefaultSelector()
-            polled = selector = _stamp_class(type(selector))(selector)
-        super().__init__(selector)
-        self._bt_init(timer_thread, polled)
-        if self._bt_native():
-            # its port now, not on its first timer (_timers.open_port_of;
-            # not on uvloop, which warns of a reader left on a loop dropped
-            # unrun)
-            _timers.open_port_of(self, self.timer_thread)
+        _bt_stock_time = _base_time
+
+        def __init__(self, selector: selectors.BaseSelector | None = None, *,
+                     timer_thread: TimerThread | None = None) -> None:
+            polled = None
+            if _backend.NATIVE:
+                selector = selector or selectors.DefaultSelector()
+                polled = selector = _stamp_class(type(selector))(selector)
+            super().__init__(selector)
+            self._bt_init(timer_thread, polled)
+            if self._bt_native():
+                # its port now, not on its first timer (_timers.open_port_of;
+                # not on uvloop, which warns of a reader left on a loop dropped
+                # unrun)
+                _timers.open_port_of(self, self.timer_thread)
+
+else:  # asyncio's timers, on the loop's heap (docs/design.rst, "The pure-Python backend")
+    from ._pure._loop import EventLoop
 
 
 def new_event_loop() -> EventLoop:
@@ -373,7 +347,15 @@ def _policy_deprecated(what: str, stacklevel: int) -> None:
 @functools.cache
 def _policy_class(name: str) -> type:
     """EventLoopPolicy or UVEventLoopPolicy, made on first use so that merely
-    importing bucketimer touches no deprecated asyncio name."""
+    importing bucketimer touches no deprecated asyncio name; named as this
+    module's."""
+    cls = _make_policy_class(name)
+    cls.__qualname__ = name
+    cls.__module__ = __name__
+    return cls
+
+
+def _make_policy_class(name: str) -> type:
     with warnings.catch_warnings():
         # The caller has already been told (_policy_deprecated).
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -410,6 +392,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'bucketimer.loop' has no attribute '{name}'")
 
 
+def __dir__() -> list[str]:
+    # The API and the module's own dunders, not the names its code imports.
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
+
+
 def install() -> None:
     """``asyncio.set_event_loop_policy(EventLoopPolicy())``: asyncio's
     default loop becomes :class:`EventLoop`.  Deprecated from Python 3.14
@@ -429,38 +416,39 @@ except ImportError:  # pragma: no cover - uvloop is optional
 
 if _uvloop is not None:
 
-    class UVEventLoop(_NativeTimersMixin, _uvloop.Loop):  # type: ignore[misc]
-        """``uvloop.Loop`` whose ``call_at``/``call_later`` use bucketimer.
+    if TYPE_CHECKING or _backend.NATIVE:
 
-        ``UVEventLoop(*, timer_thread=None)``.  ``time()`` is
-        ``time.monotonic()``, the core's clock, instead of uvloop's cached
-        millisecond libuv clock (which lags it by up to a loop iteration and
-        makes ``call_at(loop.time() + d)`` fire early).  On the pure-Python
-        backend the timers are uvloop's own, and so is ``time()``: a
-        deadline on one clock armed on the other would fire early.
-        """
+        class UVEventLoop(_NativeTimersMixin, _uvloop.Loop):  # type: ignore[misc]
+            """``uvloop.Loop`` whose ``call_at``/``call_later`` use bucketimer.
 
-        if _backend.NATIVE:
+            ``UVEventLoop(*, timer_thread=None)``.  ``time()`` is
+            ``time.monotonic()``, the core's clock, instead of uvloop's cached
+            millisecond libuv clock (which lags it by up to a loop iteration and
+            makes ``call_at(loop.time() + d)`` fire early).  On the pure-Python
+            backend the timers are uvloop's own, and so is ``time()``: a
+            deadline on one clock armed on the other would fire early.
+            """
 
             def time(self) -> float:
                 """``time.monotonic()``: the clock of the native timers."""
                 return _monotonic()
 
             _bt_stock_time = time
-        else:
-            _bt_stock_time = _uvloop.Loop.time
 
-        def __init__(self, *, timer_thread: TimerThread | None = None) -> None:
-            super().__init__()
-            self._bt_init(timer_thread)
+            def __init__(self, *, timer_thread: TimerThread | None = None) -> None:
+                super().__init__()
+                self._bt_init(timer_thread)
 
-    if _backend.NATIVE:
         # Both clocks read CLOCK_MONOTONIC: the helpers keep their timers in
         # the core on these loops (a clock of a loop's own gets the loop's).
         from . import _core
 
         _core._add_monotonic_clock(_uvloop.Loop.time)
         _core._add_monotonic_clock(UVEventLoop.time)
+    else:  # uvloop's timers and clock, after the same checks
+        from ._pure._loop import uv_event_loop_class
+
+        UVEventLoop = uv_event_loop_class(_uvloop.Loop)
 
     def new_uv_event_loop() -> UVEventLoop:
         """A new :class:`UVEventLoop`."""

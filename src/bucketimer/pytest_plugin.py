@@ -14,6 +14,18 @@ fixtures of pytest-asyncio, anyio and aiohttp, which all go through them) a
 :func:`bucketimer.patch_asyncio` before any conftest is imported, so that a
 library's ``from asyncio import wait_for`` binds bucketimer's.
 
+One test in a mode of its own, whatever the session's::
+
+    @pytest.mark.bucketimer("loop")     # or "patch", "both", "off"
+    async def test_reconnect(): ...
+
+The mode is on from the test's set-up (its fixtures make their loops in
+it) to its teardown, then the session's is back.  ``patch`` there reaches
+the helpers looked up at call time (``asyncio.wait_for(...)``), not the
+names bound before the test; debug mode stays off, as in a session mode.
+Without ``--bucketimer`` the plugin only serves the marker, and says so in
+the summary.
+
 In every mode, ``off`` included, asyncio's debug mode stays off:
 ``PYTHONASYNCIODEBUG`` is cleared and ``loop.set_debug(True)`` on any
 asyncio loop (``asyncio.run(debug=True)``, a fixture that asks for it) leaves
@@ -50,11 +62,12 @@ from . import _backend, loop
 __all__ = ("MODES",)
 
 MODES = ("loop", "patch", "both", "off")
+MARKER = "bucketimer"
 
 # What this process armed: the default TimerThread's `scheduled` counter at
 # the start, the total reported by xdist workers (controller only), and
 # what undo() must restore.
-_state: dict[str, Any] = {"start": None, "workers": 0, "undo": []}
+_state: dict[str, Any] = {"start": None, "workers": 0, "undo": [], "marked": 0}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -67,6 +80,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "any conftest; both: the two (the run fails if no native timer was armed); off: "
         "neither, the baseline.  asyncio's debug mode stays off in each.",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(mode): run this test with bucketimer in mode {'/'.join(MODES)} "
+        "(bucketimer.pytest_plugin), whatever the session's")
 
 
 def _mode(config: pytest.Config) -> str | None:
@@ -92,6 +112,60 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     if mode in ("loop", "both"):
         _state["undo"].append(_make_loops_bucketimers())
     _state["start"] = _armed()
+
+
+def _marked_mode(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return None
+    mode = marker.args[0] if marker.args else marker.kwargs.get("mode")
+    if mode not in MODES:
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.{MARKER}({mode!r}): the mode is one of "
+            f"{', '.join(MODES)}")
+    return str(mode)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # a mark with no such mode stops the run before it starts
+        _marked_mode(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """A test marked ``@pytest.mark.bucketimer(mode)`` runs, set-up to
+    teardown, in that mode; the session's is back after it."""
+    mode = _marked_mode(item)
+    if mode is None:
+        yield
+        return
+    _state["marked"] += 1
+    undo = _switch(loop_on=mode in ("loop", "both"), patch_on=mode in ("patch", "both"))
+    try:
+        yield
+    finally:
+        undo()
+
+
+def _switch(loop_on: bool, patch_on: bool) -> Any:
+    """Makes asyncio's loops bucketimer's or not, and its helpers, and keeps
+    debug mode off; returns what puts back what was."""
+    undo = [_debug_stays_off()]
+    ours: Any = bucketimer.aio.timeout
+    if (asyncio.timeout is ours) != patch_on:  # patch_asyncio() is on, or off
+        if patch_on:
+            bucketimer.patch_asyncio()
+            undo.append(bucketimer.unpatch_asyncio)
+        else:
+            bucketimer.unpatch_asyncio()
+            undo.append(bucketimer.patch_asyncio)
+    undo.append(_loops_made_by(loop.EventLoop if loop_on else asyncio.SelectorEventLoop))
+
+    def undo_all() -> None:
+        while undo:
+            undo.pop()()
+
+    return undo_all
 
 
 def _debug_stays_off() -> Any:
@@ -127,23 +201,31 @@ def _default_policy_class() -> type | None:
 
 def _make_loops_bucketimers() -> Any:
     """Every loop the default policy makes becomes a bucketimer.EventLoop;
-    returns what undoes it.
+    returns what undoes it."""
+    return _loops_made_by(loop.EventLoop)
+
+
+def _loops_made_by(factory: type) -> Any:
+    """Every loop the default policy makes is a ``factory()`` (asyncio's
+    selector loop or bucketimer's); returns what undoes it.
 
     The default policy makes its loops through its class's
     ``_loop_factory`` (3.11 to 3.15; checked here before it is replaced), so
     replacing that one attribute reaches ``asyncio.run``, ``Runner`` and
     ``new_event_loop``, and also a policy that a suite sets or resets
     (``set_event_loop_policy(None)``) on its own.  Where that attribute is
-    not asyncio's loop class, the public way: our policy, set once."""
+    neither loop class, the public way: our policy, set once."""
     cls = _default_policy_class()
     stock = getattr(cls, "_loop_factory", None) if cls is not None else None
-    if cls is not None and stock is asyncio.SelectorEventLoop:
-        cls._loop_factory = loop.EventLoop  # type: ignore[attr-defined]
+    if cls is not None and stock in (asyncio.SelectorEventLoop, loop.EventLoop):
+        cls._loop_factory = factory  # type: ignore[attr-defined]
 
         def undo() -> None:
             cls._loop_factory = stock  # type: ignore[attr-defined]
 
         return undo
+    if factory is asyncio.SelectorEventLoop:  # nothing of ours was set
+        return lambda: None
     if hasattr(asyncio, "set_event_loop_policy"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -200,10 +282,18 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
     mode = _mode(config)
-    if mode is None or hasattr(config, "workeroutput"):
+    if hasattr(config, "workeroutput"):
+        return
+    tr = terminalreporter
+    if mode is None:
+        tr.write_sep("-", "bucketimer")
+        tr.write_line(
+            f"no --bucketimer mode: the session ran on stock asyncio, "
+            f"{_state['marked']} test(s) marked @pytest.mark.{MARKER}(mode) in their own "
+            f"(backend {bucketimer.backend}, Python {sys.version.split()[0]}); "
+            f"--bucketimer={'|'.join(MODES)} runs the session in one")
         return
     armed = _armed_here() + _state["workers"]
-    tr = terminalreporter
     tr.write_sep("-", "bucketimer")
     tr.write_line(
         f"mode {mode}, backend {bucketimer.backend}, Python {sys.version.split()[0]}: "

@@ -66,8 +66,9 @@ def test_cli_smoke_writes_tables_json_csv_and_the_figure_by_default(tmp_path):
     lines = proc.stdout.splitlines()
     assert max(len(line) for line in lines) <= 120, proc.stdout
     header = _headers(proc.stdout)
-    for col in ("bucketimer", "asyncio", "sched", "threading.Timer", "1-lock heap"):
-        assert (col in header) == (NATIVE or col != "1-lock heap"), col
+    for col in ("bucketimer", "asyncio", "sched", "threading.Timer", "1-lock heap",
+                "pure Python", "pure drop-in"):
+        assert (col in header) == (NATIVE or col not in _contenders.NATIVE_ONLY), col
     core_labels = ("core pairs/s, 2 threads", "core scaling, 2 threads / 1")
     for label in ("pairs in a loop, 0 pending", "pairs in a loop, 1k pending",
                   "lateness p99, in a loop", "early fires", "pairs, no loop, 0 pending",
@@ -231,8 +232,10 @@ def test_cli_runs_on_a_pure_only_install(tmp_path):
         check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     header = _headers(proc.stdout)
-    assert "(pure)" in header and "asyncio" in header and "sched" in header
-    assert "pure Python" not in header and "1-lock heap" not in header
+    assert "bucketimer (pure)" in header and "drop-in (pure)" in header
+    assert "asyncio" in header and "sched" in header
+    assert "pure Python" not in header and "pure drop-in" not in header
+    assert "1-lock heap" not in header
     assert "pairs, no loop, 0 pending" in proc.stdout
     assert " ".join(_contenders.PURE_INSTALL_NOTE.split()) in " ".join(proc.stdout.split())
     doc = json.loads(out_json.read_text(encoding="utf-8"))
@@ -671,6 +674,80 @@ def test_ratios_print_as_plain_numbers():
     assert "\u00d72290" in table and "\u00d712.3" in table
     assert "\u00d70.0123" in table and "\u00d70.598" in table
     assert "e+" not in table and "e-" not in table
+
+
+def _under_each_table(text):
+    """Each contender table's header line and the prose lines between its
+    rows and the next table (wrapped lines joined)."""
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.startswith("---"):
+            continue
+        end = i + 1
+        while end < len(lines) and lines[end][:1] in (" ", "\u2193", "\u2191") \
+                and lines[end].strip():
+            end += 1
+        prose = []
+        while end < len(lines) and lines[end].strip():
+            if lines[end].startswith("  ") and prose:
+                prose[-1] += " " + lines[end].strip()
+            else:
+                prose.append(lines[end])
+            end += 1
+        out.append((lines[i - 1], prose))
+    return out
+
+
+def test_every_table_names_its_columns_and_gives_a_verdict():
+    """Under every table of bucketimer's columns: a legend naming what each
+    of its columns runs (its header included), then a verdict line."""
+    text = bench.format_table(bench.load(RECORDED))
+    assert "! after a cell of bucketimer's" in _prose(text)
+    judged = 0
+    tables = _under_each_table(text)
+    for (header, prose), after in zip(tables, [*tables[1:], ("", [])]):
+        if "grpc.aio" in header:  # the APIs are its columns; its verdicts are the group's
+            continue
+        title = header.split("  ")[0]
+        if not prose and after[0].startswith(title):  # a part of a wide table: the next
+            continue
+        legend = next(p for p in prose if p.startswith("columns: "))
+        verdict = prose[prose.index(legend) + 1]
+        assert verdict.startswith("verdict: "), prose
+        columns = [c for c in bench.CONTENDERS if f" {c}" in header]
+        assert columns and all(f"{c} = " in legend for c in columns), (header, legend)
+        judged += "against the column each stands in for" in verdict or "ahead" in verdict
+    assert judged >= 5
+
+
+def _race(ours, theirs, better="lower"):
+    """A table of one row: bucketimer's samples against asyncio's."""
+    from bucketimer.bench._records import add_ratios, make_record
+
+    recs = [make_record("pairs", "w", "a row", c, "ns", better, v)
+            for c, v in (("bucketimer", ours), ("asyncio", theirs))]
+    add_ratios(recs)
+    return bench.format_table(bench.Records(recs))
+
+
+def test_a_cell_behind_or_within_the_spread_is_marked_and_named():
+    """The mark after bucketimer's cell and the verdict: behind (!) when its
+    median is worse than the column it stands in for, within the spread (~)
+    when better but the interquartile ranges overlap, none when clearly
+    ahead; for a rate, higher is better."""
+    behind = _race([110, 120, 130], [90, 100, 105])
+    within = _race([95, 100, 103], [98, 105, 110])
+    ahead = _race([10, 11, 12], [90, 100, 105])
+    rate_behind = _race([10, 11, 12], [90, 100, 105], better="higher")
+    row = next(line for line in behind.splitlines() if "a row" in line)
+    assert row.split()[6] == "!", row  # after bucketimer's cell (its value, its spread)
+    assert "behind (!) on 1: bucketimer vs asyncio, a row: 0.833x" in _prose(behind)
+    assert "within the spread (~) on 1: bucketimer vs asyncio, a row: 1.05x" in _prose(within)
+    assert "~" in next(line for line in within.splitlines() if "a row" in line)
+    assert "each of bucketimer's columns is ahead" in _prose(ahead)
+    assert not {"!", "~"} & set(next(x for x in ahead.splitlines() if "a row" in x).split())
+    assert "behind (!) on 1" in _prose(rate_behind)
 
 
 def _cli(*args, cwd):

@@ -1,5 +1,6 @@
 """Checking what call_later/call_at are given, with the native backend's
-exceptions and messages (ext/schedule.c)."""
+exceptions and messages (ext/schedule.c): a TimerThread's, and the drop-in
+loop's on asyncio's path (both backends' ``loop.py`` paths)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextvars
 import math
 import numbers
+from time import monotonic
 from typing import Any
 
 # Beyond this many seconds a deadline is "never" (the core's
@@ -66,3 +68,37 @@ def check_loop(loop: Any) -> asyncio.AbstractEventLoop:
     if loop.is_closed():
         raise RuntimeError("cannot schedule on a closed event loop")
     return loop
+
+
+# What the native drop-in loop's call_at/call_later refuse
+# (ext/scheduler_type.c), refused the same way on asyncio's path (debug
+# mode, a virtual clock, the pure backend): asyncio's own None checks; a
+# call_at deadline that is not a real number (asyncio takes it and fails
+# later, inside the loop); a call_later delay that does not add to the
+# clock, with a message naming it.  docs/asyncio.rst, "One contract",
+# lists them.
+def check_when(when: Any) -> None:
+    if when is None:
+        raise TypeError("when cannot be None")
+    if not isinstance(when, (int, float)):
+        to_seconds(when, "when")
+
+
+def check_delay(delay: Any) -> None:
+    if delay is None:
+        raise TypeError("delay must not be None")
+    try:
+        when = monotonic() + delay
+    except TypeError:
+        raise TypeError(f"delay must be a real number, not {type(delay).__name__}") from None
+    to_seconds(when, "delay")
+
+
+def without_own_frame(handle: Any) -> Any:
+    """A handle made in debug mode remembers the stack it was made on; as
+    each of asyncio's own call_* methods does, drop the frame of the drop-in
+    loop's method that made it, so the last one left is the caller's."""
+    tb = getattr(handle, "_source_traceback", None)
+    if tb:
+        del tb[-1]
+    return handle

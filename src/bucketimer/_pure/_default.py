@@ -48,14 +48,22 @@ def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args
                loop: asyncio.AbstractEventLoop | None = None,
                context: contextvars.Context | None = None) -> Handle:
     """``default_timer_thread().call_later(...)``."""
-    return default_timer_thread().call_later(delay, callback, *args, loop=loop, context=context)
+    tt = _default
+    if tt is None or tt._sched._closed:
+        tt = default_timer_thread()
+    if loop is None and context is None:  # (a call without keywords costs less)
+        return tt.call_later(delay, callback, *args)
+    return tt.call_later(delay, callback, *args, loop=loop, context=context)
 
 
 def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
             loop: asyncio.AbstractEventLoop | None = None,
             context: contextvars.Context | None = None) -> Handle:
     """``default_timer_thread().call_at(...)``."""
-    return default_timer_thread().call_at(when, callback, *args, loop=loop, context=context)
+    tt = _default
+    if tt is None or tt._sched._closed:
+        tt = default_timer_thread()
+    return tt.call_at(when, callback, *args, loop=loop, context=context)
 
 
 def _after_fork_in_child() -> None:

@@ -53,9 +53,9 @@ class Outbox:
                 continue
             on_slow = self.on_slow
             if on_slow is not None:
-                callback, args, start = handle._callback, handle._args, time.monotonic()
+                callback, args, start = handle.callback, handle.args, time.monotonic()
             try:
-                handle._run()
+                handle._call()
             except (SystemExit, KeyboardInterrupt):
                 self._resubmit(batch[i + 1 :])
                 raise

@@ -1,11 +1,17 @@
-"""Scheduler: the heap of pending timers and the thread that fires them.
+"""Scheduler: the timers of one TimerThread, and the thread that fires
+those no loop keeps.
 
-One thread per scheduler waits on a ``threading.Condition`` for the
-earliest deadline of a ``heapq`` keyed ``(deadline_ns, id)``: ids grow in
-the order timers were scheduled, so equal deadlines fire in that order.
-Each pass pops every due timer (PENDING -> POSTED) under the lock, then,
-with the lock released, hands each outbox its batch in one call.  Cancelled
-timers stay in the heap until they reach its top or a sweep rebuilds it.
+A timer scheduled inside its running loop lives on that loop's own heap
+(``_loop_timer.py``), its claim in a dict the loop holds; the scheduler
+counts those.  Every other timer (no loop, a loop in another thread, a loop
+with a clock or heap of its own) is in the scheduler's ``heapq`` keyed
+``(deadline_ns, id)``: ids grow in the order timers were scheduled, so
+equal deadlines fire in that order.  The thread, started with the first
+such timer, waits on a ``threading.Condition`` for the earliest deadline;
+each pass pops every due timer (PENDING -> POSTED) under the lock, then,
+with the lock released, hands each outbox its batch in one call.
+Cancelled timers stay in the heap until they reach its top or a sweep
+rebuilds it.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from time import monotonic_ns
 from typing import Any
 
 from .._stats import Stats
-from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle
+from ._arguments import deadline_ns, to_seconds
+from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, scheduled
+from ._loop_timer import drop_closed_loops, loop_closing, loop_timers, loops, timers_on
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -79,8 +87,16 @@ class Scheduler:
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._hist = [0] * HIST_BUCKETS
         self._late_sum = 0
-        self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
-        self._thread.start()
+        # The thread serves timers of its heap only: started with the first one.
+        self._thread: threading.Thread | None = None
+        # Loop timers are counted where it costs least: run (by their loop's
+        # thread), ended unrun by their loop's or this scheduler's close; the
+        # ids handed out and not used (another TimerThread's timer on the
+        # loop had it).  stats() works out the rest: scheduled from the ids,
+        # pending from the loops' dicts, cancelled from those.
+        self.lt_ran = 0
+        self.ids_elsewhere = 0
+        self._lt_unrun_due = 0
         _live.add(self)
 
     @property
@@ -111,11 +127,13 @@ class Scheduler:
                     new_loop = loop
                 outbox = found
             timer_id = next(self._ids)
-            handle = Handle(self, timer_id, when, deadline_ns, callback, args, context, outbox)
+            handle = scheduled(self, timer_id, when, callback, args, context, outbox)
             heap = self._heap
             heappush(heap, (deadline_ns, timer_id, handle))
             self._counts["scheduled"] += 1
-            if deadline_ns < self._sleeping_until:
+            if self._thread is None:
+                self._start_thread()
+            elif deadline_ns < self._sleeping_until:
                 self._sleeping_until = _AWAKE  # one notify per wake is enough
                 self._wake.notify()
         if _armed_hook is not None:
@@ -126,11 +144,31 @@ class Scheduler:
 
     def pending(self) -> list[Handle]:
         """The handles of the timers scheduled and neither run, cancelled
-        nor dropped: in the heap, or handed over and not yet started."""
+        nor dropped: in the heap, handed over and not yet started, or on
+        their loop's heap (read from there as it is now)."""
         with self._lock:
             out = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
             out += [h for batch in self._inflight.values() for h in batch if h._state == POSTED]
+        for loop in loops():
+            claims = getattr(loop, "_bt_timers", None) or {}
+            out += [t for t in timers_on(loop) if t._sched is self and claims.get(t._id) is self]
         return out
+
+    def _start_thread(self) -> None:
+        """Starts the timer thread (lock held: it waits for the lock, then
+        reads the heap)."""
+        self._thread = threading.Thread(target=self._serve, name="bucketimer-timer", daemon=True)
+        self._thread.start()
+
+    def loop_timer_dropped(self, timer: Handle, by_close: bool = False) -> None:
+        """A claimed loop timer that will never run: counted as the core counts
+        a timer its loop's or its TimerThread's close ended (docs/design.rst,
+        "Counters"): ``cancelled`` when it was pending, ``dropped`` when its
+        loop had taken it due (off its heap) and not run it."""
+        timer._state = DROPPED
+        timer._release()
+        if not by_close and not timer._scheduled:
+            self._lt_unrun_due += 1  # (else a cancelled one, for stats())
 
     def cancel(self, handle: Handle) -> bool:
         with self._lock:
@@ -143,7 +181,7 @@ class Scheduler:
                 self._dead += 1
                 if self._dead > _SWEEP_MIN:
                     self._sweep_if_mostly_dead()
-        handle._callback = handle._args = None  # (Handle._release)
+        handle._release()
         return True
 
     def _sweep_if_mostly_dead(self) -> None:
@@ -240,7 +278,7 @@ class Scheduler:
                 self._discard(handle)
                 continue
             handle._state = POSTED
-            batches.setdefault(handle._outbox, []).append(handle)
+            batches.setdefault(handle._home, []).append(handle)  # type: ignore[arg-type]
         for batch in batches.values():
             self._inflight[id(batch)] = batch
             self._counts["fired"] += len(batch)
@@ -275,7 +313,7 @@ class Scheduler:
                 return False
             handle._state = RUNNING
             self._counts["ran"] += 1
-            lateness = monotonic_ns() - handle._deadline_ns
+            lateness = monotonic_ns() - deadline_ns(to_seconds(handle._when, "when"))
             if lateness < 0:
                 self._counts["early_fires"] += 1
             self._hist[min(max(lateness, 0).bit_length(), HIST_BUCKETS - 1)] += 1
@@ -313,8 +351,8 @@ class Scheduler:
             outbox = self._loops.pop(id(loop), None)
             if outbox is None:
                 return
-            batches = [b for b in self._inflight.values() if b and b[0]._outbox is outbox]
-            pending = [e[2] for e in self._heap if e[2]._outbox is outbox and e[2]._state == PENDING]
+            batches = [b for b in self._inflight.values() if b and b[0]._home is outbox]
+            pending = [e[2] for e in self._heap if e[2]._home is outbox and e[2]._state == PENDING]
             for handle in pending:
                 self._drop_one(handle, "cancelled")
             self._dead += len(pending)
@@ -342,13 +380,20 @@ class Scheduler:
             self._heap.clear()
             self._inflight.clear()
             self._loops.clear()
+            # (a loop timer stays on its loop's heap, to be passed over there;
+            # one the loop is about to run drops itself, seeing this closed)
+            for loop in loops():
+                for timer in timers_on(loop):
+                    if timer._sched is self and loop._bt_timers.pop(timer._id, None):
+                        self.loop_timer_dropped(timer, by_close=True)
             self._wake.notify_all()
             self._submitted.notify_all()
-        no_loop = sum(handle._outbox is self._dispatcher for handle in dropped)
+        no_loop = sum(handle._home is self._dispatcher for handle in dropped)
         for handle in dropped:
             handle._release()
-        if self._thread is not threading.current_thread():
-            self._thread.join(join_timeout)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(join_timeout)
         self._dispatcher.stop(join_timeout)
         return no_loop
 
@@ -361,41 +406,63 @@ class Scheduler:
         self._submitted = threading.Condition(self._lock)
         for entry in self._heap:
             entry[2]._state = DROPPED
+        for loop in loops():
+            for timer in timers_on(loop):
+                if timer._sched is self and loop._bt_timers.pop(timer._id, None):
+                    timer._state = DROPPED
         self._heap.clear()
         self._inflight.clear()
         self._loops.clear()
         self._closed = True
 
     def stats(self) -> Stats:
+        drop_closed_loops()
         with self._lock:
             counts = dict(self._counts)
             hist = list(self._hist)
             late_sum = self._late_sum
-            heap_size = len(self._heap)
             dead = self._dead
-            # where timers are delivered: the loops served, and the dispatcher
+            # where timers are posted: the loops served, and the dispatcher
             ports = len(self._loops) + self._dispatcher.started
+            # a loop timer is posted to its loop, and let go of if cancelled,
+            # as it is claimed
+            ran, dropped = self.lt_ran, self._lt_unrun_due
+            scheduled = _issued(self._ids) - self.ids_elsewhere
+            pending = sum(list(timers.values()).count(self) for timers in loop_timers())
+            cancelled = scheduled - counts["scheduled"] - ran - dropped - pending
+            heap_size = pending + len(self._heap)
         return Stats(
-            scheduled=counts["scheduled"], cancelled=counts["cancelled"], postponed=0,
-            fired=counts["fired"], posted=counts["posted"], ran=counts["ran"],
-            dropped=counts["dropped"], wakeups=counts["wakeups"], passes=counts["passes"],
-            eventfd_writes=counts["eventfd_writes"], drains=counts["drains"],
-            sweeps=counts["sweeps"], reaped=counts["reaped"], heap_size=heap_size, list_size=0, dead=dead,
+            scheduled=scheduled, cancelled=counts["cancelled"] + cancelled, postponed=0,
+            fired=counts["fired"] + ran, posted=counts["posted"] + ran, ran=counts["ran"] + ran,
+            dropped=counts["dropped"] + dropped, wakeups=counts["wakeups"],
+            passes=counts["passes"], eventfd_writes=counts["eventfd_writes"],
+            drains=counts["drains"], sweeps=counts["sweeps"],
+            reaped=counts["reaped"] + cancelled, heap_size=heap_size, list_size=0, dead=dead,
             slots=0, slots_free=0, slots_retired=0, ports=ports, buckets=self._buckets,
             early_fires=counts["early_fires"], lateness_sum=late_sum, lateness_hist=hist,
         )
+
+
+def _issued(ids: itertools.count[int]) -> int:
+    """How many ids ``ids`` (counting from 1) has handed out (its repr is
+    ``count(next)``)."""
+    return int(repr(ids)[6:-1]) - 1
 
 
 def _watch_close(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Scheduler]) -> None:
     """Wraps ``loop.close`` so that the loop's queued timers are dropped
     before its ready queue goes (a loop class without an instance dict
     keeps its close: its timers are dropped when it refuses them)."""
+    if getattr(type(loop), "_bt_closes_ports", False):  # its close() calls loop_closed
+        return
     orig_close = loop.close
 
     def close() -> None:
         sched = ref()
-        if sched is not None and not loop.is_running():
-            sched.loop_closed(loop)
+        if not loop.is_running():
+            loop_closing(loop)
+            if sched is not None:
+                sched.loop_closed(loop)
         orig_close()
 
     try:

@@ -7,6 +7,7 @@ import contextvars
 import math
 import time
 import warnings
+from asyncio.base_events import BaseEventLoop
 from asyncio.events import _get_running_loop
 from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
@@ -16,9 +17,11 @@ from .._reporting import SLOW_CALLBACK_DURATION, check_slow_callback_duration
 from .._stats import Stats
 from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
 from ._handle import Handle
+from ._loop_timer import HEAP_TYPES, arm, keeps_heap
 from ._scheduler import Scheduler
 
-monotonic_ns = time.monotonic_ns
+monotonic = time.monotonic
+_base_time = BaseEventLoop.time
 ceil = math.ceil
 copy_context = contextvars.copy_context
 
@@ -37,14 +40,16 @@ class TimerThread:
     """One timer thread and the timers it keeps.
 
     ``TimerThread(buckets=13, *, drain_threshold=4096,
-    slow_callback_duration=0.1)`` starts the thread (the first two are
-    checked as the native backend checks them, and otherwise unused).
-    Schedule from any thread with :meth:`call_later` / :meth:`call_at`; a
-    timer scheduled inside a running event loop (or with ``loop=``) runs in
-    that loop's thread, any other on this TimerThread's one dispatcher
-    thread, where a callback that runs ``slow_callback_duration`` seconds or
-    longer is logged.  :meth:`close` stops the thread; pending timers are
-    dropped, never called.
+    slow_callback_duration=0.1)`` (the first two are checked as the native
+    backend checks them, and otherwise unused).  Schedule from any thread
+    with :meth:`call_later` / :meth:`call_at`; a timer scheduled inside a
+    running event loop (or with ``loop=``) runs in that loop's thread, any
+    other on this TimerThread's one dispatcher thread, where a callback that
+    runs ``slow_callback_duration`` seconds or longer is logged.  A timer
+    scheduled in its own loop's thread while it runs is kept on that loop's
+    heap; the thread, started with the first timer that needs it, keeps the
+    others.  :meth:`close` stops the thread; pending timers are dropped,
+    never called.
     """
 
     def __init__(self, buckets: int = DEFAULT_BUCKETS, *,
@@ -77,15 +82,31 @@ class TimerThread:
                    *args: *_Ts, loop: asyncio.AbstractEventLoop | None = None,
                    context: contextvars.Context | None = None) -> Handle:
         """Run ``callback(*args)`` ``delay`` seconds from now."""
-        if self._sched._closed:
+        sched = self._sched
+        if sched._closed:
             raise RuntimeError("TimerThread is closed")
         # (the common case, a float or int in range, skips to_seconds; NaN
         # and everything else goes through it, for its errors)
         if (type(delay) is float or type(delay) is int) and (
                 -SECONDS_RANGE <= delay <= SECONDS_RANGE):
-            return self._schedule(monotonic_ns() / 1e9 + delay, callback, args, loop, context)
+            seconds = monotonic() + delay
+            # the commonest of all, inline: in a running loop that keeps it
+            # on its heap (keeps_heap(), for the classes known to)
+            if loop is None and context is None and callable(callback):
+                running: Any = _get_running_loop()
+                if type(running) in HEAP_TYPES:
+                    try:
+                        stock_clock = running.time.__func__ is _base_time
+                    except AttributeError:  # a time that is not a method
+                        stock_clock = False
+                    if stock_clock:
+                        h = arm(sched, running, seconds, seconds, callback, args,
+                                copy_context())
+                        if h is not None:
+                            return h
+            return self._schedule(seconds, callback, args, loop, context)
         seconds = to_seconds(delay, "delay")
-        when = math.inf if seconds > SECONDS_RANGE else monotonic_ns() / 1e9 + seconds
+        when = math.inf if seconds > SECONDS_RANGE else monotonic() + seconds
         return self._schedule(when, callback, args, loop, context)
 
     def call_at(self, when: float, callback: Callable[[Unpack[_Ts]], object], /,
@@ -103,12 +124,18 @@ class TimerThread:
                   when: float | None = None) -> Handle:
         if context is not None or not callable(callback):
             check_callback(callback, context)
+        running = _get_running_loop()
         if loop is None:
-            loop = _get_running_loop()
-        else:
+            loop = running
+        elif loop is not running:
             check_loop(loop)
         if context is None:  # the caller's, as asyncio's call_later takes it
             context = copy_context()
+        if loop is running and loop is not None and keeps_heap(loop):
+            h = arm(self._sched, loop, seconds, seconds if when is None else when,
+                    callback, args, context)
+            if h is not None:
+                return h
         # deadline_ns(seconds), its usual case inline
         ns = ceil(seconds * 1e9) if 0.0 < seconds < SECONDS_RANGE else -1
         if ns < 0 or ns / 1e9 < seconds:

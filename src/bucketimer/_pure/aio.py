@@ -3,14 +3,18 @@
 :func:`timeout`, :func:`timeout_at` and :class:`Timeout` are asyncio's of
 the running Python, their timers the loop's, with these differences, each
 the native backend's too: a deadline already reached first hands the loop
-the default TimerThread's timers due for it, so they run before the expiry
+the default TimerThread's timers due for it that its thread keeps (a
+loop's own timers are on its heap already), so they run before the expiry
 (docs/design.rst, "Order on the loop"); a NaN deadline expires on the next
 turn, as asyncio's heap runs it up to 3.12 (from 3.13 asyncio's loop passes
 it to ``select()``, which raises); and a reschedule made by code that
 arming the expiry runs wins over that arming, leaving one timer armed, for
 the deadline ``when()`` says (asyncio keeps the first arming's timer and
-leaves the second armed too).  :func:`wait_for` is asyncio's up
-to 3.11; from 3.12 it is asyncio's coroutine around this :func:`timeout`.
+leaves the second armed too).  ``reschedule``, ``__aenter__`` and the usual
+way out of ``__aexit__`` are written out, which also makes them cost less
+than asyncio's (which arms and disarms a timer by four calls more).
+:func:`wait_for` is asyncio's up to 3.11; from 3.12 it is asyncio's
+coroutine around this :func:`timeout`.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import sys
 from asyncio import events, tasks, timeouts
+from asyncio.events import TimerHandle
 from collections.abc import Awaitable
+from types import TracebackType
 from typing import Any, TypeVar
 
 from ._default import deliver_due
+from ._loop_timer import cancel, heap_type, push
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
 
@@ -31,9 +38,21 @@ _T = TypeVar("_T")
 _asyncio_wait_for = tasks.wait_for
 
 # (private in typeshed, which also marks Timeout final; at run time a class)
+_CREATED = timeouts._State.CREATED  # type: ignore[attr-defined]
 _ENTERED = timeouts._State.ENTERED  # type: ignore[attr-defined]
 _EXPIRING = timeouts._State.EXPIRING  # type: ignore[attr-defined]
+_EXITED = timeouts._State.EXITED  # type: ignore[attr-defined]
 _asyncio_reschedule = timeouts.Timeout.reschedule
+_asyncio_aexit = timeouts.Timeout.__aexit__
+_current_task = tasks.current_task
+_get_running_loop = events.get_running_loop
+
+# asyncio's Timeout arms its expiry, self._on_timeout, into
+# self._timeout_handler (3.11-3.15, which this module relies on).
+# __aenter__ refuses a second entry from 3.11.7 (earlier 3.11s do not): it
+# is written out here where asyncio's does.
+_ENTERED_TWICE = "Timeout has already been entered"
+_ENTRY_CHECKED = _ENTERED_TWICE in timeouts.Timeout.__aenter__.__code__.co_consts
 
 
 class Timeout(timeouts.Timeout):  # type: ignore[misc]
@@ -42,22 +61,56 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
     reschedule made by code that arming runs (``loop.time()``, the loop's
     ``call_at``) wins over that arming, as on the native backend."""
 
+    # asyncio's __init__ and the usual way out of __aexit__ (3.11-3.15),
+    # and __aenter__ (3.11.7-3.15), with the states read as the module's names
+
+    def __init__(self, when: float | None) -> None:
+        me: Any = self
+        me._state = _CREATED
+        me._timeout_handler = None
+        me._task = None
+        me._when = when
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc_val: BaseException | None, exc_tb: TracebackType | None,
+                        ) -> None:
+        me: Any = self
+        if me._state is not _ENTERED:  # expired: asyncio's way out
+            await _asyncio_aexit(self, exc_type, exc_val, exc_tb)
+            return None
+        _disarm(me)
+        me._state = _EXITED
+        return None
+
+    if _ENTRY_CHECKED:
+
+        async def __aenter__(self) -> Timeout:
+            me: Any = self
+            if me._state is not _CREATED:
+                raise RuntimeError(_ENTERED_TWICE)
+            task = _current_task()
+            if task is None:
+                raise RuntimeError("Timeout should be used inside a task")
+            me._state = _ENTERED
+            me._task = task
+            me._cancelling = task.cancelling()
+            self.reschedule(me._when)
+            return self
+
     def reschedule(self, when: float | None) -> None:
         me: Any = self  # (typeshed does not declare asyncio's private members)
         if me._state is not _ENTERED:
             _asyncio_reschedule(self, when)  # asyncio's RuntimeError
-        # Python code runs below (the old deadline's __del__, a handle's
+            return
+        # Python code may run below (the old deadline's __del__, a handle's
         # cancel(), loop.time(), the comparison, call_at): a reschedule or
         # exit made there overtakes this one (it changed the state or the
         # deadline), which then leaves the expiry as that call left it.
         me._when = when
-        handler = me._timeout_handler
-        if handler is not None:
-            me._timeout_handler = None
-            handler.cancel()
+        _disarm(me)
         if when is None or me._when is not when or me._state is not _ENTERED:
             return
-        loop = events.get_running_loop()
+        loop: Any = _get_running_loop()
         reached = when <= loop.time()
         if type(when) is float and when != when:  # NaN: due at once
             reached = True
@@ -66,6 +119,11 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
         if reached:
             deliver_due(loop)
             handler = loop.call_soon(me._on_timeout)
+        elif (type(when) is float or type(when) is int) and heap_type(type(loop)) and (
+                not loop._debug):
+            # asyncio's heap, in one call that runs no Python code of the caller's
+            me._timeout_handler = push(loop, when, me._on_timeout, (), None)
+            return
         else:
             handler = loop.call_at(when, me._on_timeout)
         if me._when is not when or me._state is not _ENTERED or me._timeout_handler is not None:
@@ -84,6 +142,18 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
         handler = me._timeout_handler
         me._timeout_handler = None  # dropped early, as asyncio does
         if handler is not fired:  # re-armed by cancel(): an expiring Timeout needs none
+            handler.cancel()
+
+
+def _disarm(me: Any) -> None:
+    """Cancels a Timeout's timer, if it has one (asyncio's call, or
+    ``_loop_timer.cancel`` for a timer of asyncio's heap outside debug mode)."""
+    handler: Any = me._timeout_handler
+    if handler is not None:
+        me._timeout_handler = None
+        if type(handler) is TimerHandle and not handler._loop._debug:
+            cancel(handler)
+        else:
             handler.cancel()
 
 

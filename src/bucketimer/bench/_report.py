@@ -7,7 +7,8 @@ import json
 import math
 from typing import Any
 
-from ._contenders import BUCKETIMER, REF_HEAP
+from . import _verdict
+from ._contenders import BUCKETIMER, DROPIN, REF_HEAP
 from ._format import isnan as _isnan
 from ._format import symbols
 from ._grpc import verdict as grpc_verdict
@@ -15,8 +16,9 @@ from ._resets import verdict as reset_verdict
 from ._service import verdict as service_verdict
 from ._table import render, tables, wrap
 
-# The bucketimer column's header where the pure-Python backend ran.
+# The bucketimer columns' headers where the pure-Python backend ran.
 PURE_HEADER = f"{BUCKETIMER} (pure)"
+PURE_HEADERS = {BUCKETIMER: PURE_HEADER, DROPIN: f"{DROPIN} (pure)"}
 
 
 # Fields only some records have: a DataFrame fills the others with NaN.
@@ -46,17 +48,23 @@ def meta_of(data: Any) -> dict[str, Any]:
 
 def format_table(data: Any, stream: Any = None) -> str:
     """The run's title and how to read a cell, then a table per workload
-    group (:mod:`._table`), each followed by what its rows mean and its
+    group (:mod:`._table`), each followed by what its columns run and its
+    verdict (:mod:`._verdict`), then what the group's rows mean and its
     verdicts, then the run's notes; every line fits ``_table.WIDTH`` columns."""
     sym = symbols(stream)
     recs = as_records(data)
     meta = meta_of(data)
     machine = meta.get("machine", {})
-    rename = {BUCKETIMER: PURE_HEADER} if machine.get("backend") == "python" else {}
+    pure_backend = machine.get("backend") == "python"
+    rename = PURE_HEADERS if pure_backend else {}
     out = [*wrap(_title(recs, meta)), *_legend(sym)]
     for group, group_tables in tables(recs):
         for t in group_tables:
-            out += ["", *render(t, sym, rename)]
+            out += ["", *render(t, sym, rename, _verdict.marks(t))]
+            if t.baseline is not None:  # (the gRPC table: its verdicts are its group's)
+                heads = {**t.headers, **rename}
+                out += wrap(_verdict.legend(t, group, heads, pure_backend))
+                out += wrap(_verdict.verdict(t, heads))
         for text in _group_text(group, recs, machine):
             out += wrap(text)
     notes = _notes(meta)
@@ -86,7 +94,8 @@ def _legend(sym: dict[str, str]) -> list[str]:
     """How to read a cell."""
     return [*wrap(f"Each cell: the median over rounds {sym['pm']} half the interquartile "
                   f"range; {sym['x']}N below it = that median / bucketimer's."),
-            f"{sym['down']} lower is better, {sym['up']} higher is better."]
+            f"{sym['down']} lower is better, {sym['up']} higher is better.",
+            *wrap(_verdict.LEGEND_MARKS)]
 
 
 def _group_text(group: str, recs: list[dict[str, Any]], machine: dict[str, Any]

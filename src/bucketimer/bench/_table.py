@@ -46,6 +46,7 @@ class Table:
     cells: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (key, column)
     headers: dict[str, str] = field(default_factory=dict)  # column key -> header
     baseline: str | None = None  # the column the ratios are relative to
+    group: str = ""  # the workload group of its rows
 
     def add(self, key: str, label: str, column: str, rec: dict[str, Any]) -> None:
         """``rec`` in ``column`` of the row ``key`` (made, labelled ``label``,
@@ -67,15 +68,16 @@ def tables(recs: list[dict[str, Any]]) -> list[tuple[str, list[Table]]]:
         elif group in _SIZED and all(not isnan(r.get(_SIZED[group][0])) for r in rows):
             out.append((group, _sized_tables(group, rows)))
         else:
-            out.append((group, [_contender_table(TITLES.get(group, group), rows)]))
+            out.append((group, [_contender_table(TITLES.get(group, group), rows, group)]))
     return out
 
 
-def _contender_table(title: str, recs: Iterable[dict[str, Any]], suffix: str = "") -> Table:
+def _contender_table(title: str, recs: Iterable[dict[str, Any]], group: str,
+                     suffix: str = "") -> Table:
     """Workloads as rows (their labels without ``suffix``), contenders as columns."""
     recs = list(recs)
     present = {r["contender"] for r in recs}
-    t = Table(title, [c for c in CONTENDERS if c in present], baseline=BUCKETIMER)
+    t = Table(title, [c for c in CONTENDERS if c in present], baseline=BUCKETIMER, group=group)
     t.columns += sorted(present - set(t.columns))  # a newer file's column: shown, last
     for r in recs:
         t.add(r["workload"], r["label"].removesuffix(suffix), r["contender"], r)
@@ -88,14 +90,14 @@ def _sized_tables(group: str, recs: list[dict[str, Any]]) -> list[Table]:
     for size in sorted({r[key] for r in recs}):
         suffix = f", {count_label(size)} {word}"
         out.append(_contender_table(TITLES[group] + suffix,
-                                    (r for r in recs if r[key] == size), suffix))
+                                    (r for r in recs if r[key] == size), group, suffix))
     return out
 
 
 def _grpc_table(recs: list[dict[str, Any]]) -> Table:
     """The servers as rows, the APIs as columns."""
     apis = [a for a in GRPC_APIS if any(r["api"] == a for r in recs)]
-    t = Table(TITLES["grpc"], apis, headers=dict(GRPC_APIS))
+    t = Table(TITLES["grpc"], apis, headers=dict(GRPC_APIS), group="grpc")
     for r in recs:
         label = r.get("server") or r["label"].removeprefix(f"gRPC {r['api']}: ")
         t.add(label, label, r["api"], r)
@@ -105,15 +107,18 @@ def _grpc_table(recs: list[dict[str, Any]]) -> Table:
 # ---- rendering ----------------------------------------------------------------------
 
 
-def render(t: Table, sym: dict[str, str], rename: dict[str, str] | None = None) -> list[str]:
+def render(t: Table, sym: dict[str, str], rename: dict[str, str] | None = None,
+           marks: dict[tuple[str, str], str] | None = None) -> list[str]:
     """The table's lines: the header (the title over the labels), a rule, and
-    a line per row with a line of ratios under it where it has any."""
+    a line per row with a line of ratios under it where it has any; a
+    cell's mark (``_verdict``) after its value."""
     heads = {c: (rename or {}).get(c, t.headers.get(c, c)) for c in t.columns}
     body: list[tuple[str, list[str]]] = []
+    marks = marks or {}
     for key, label, better in t.rows:
         arrow = {"lower": sym["down"], "higher": sym["up"]}.get(better, " ")
-        cells = [_cell(t.cells[(key, c)], sym) if (key, c) in t.cells else ("", "")
-                 for c in t.columns]
+        cells = [_cell(t.cells[(key, c)], sym, marks.get((key, c), ""))
+                 if (key, c) in t.cells else ("", "") for c in t.columns]
         body.append((f"{arrow} {label}", [v for v, _ in cells]))
         if any(q for _, q in cells):
             body.append(("", [q for _, q in cells]))
@@ -131,8 +136,13 @@ def render(t: Table, sym: dict[str, str], rename: dict[str, str] | None = None) 
     return out
 
 
-def _cell(rec: dict[str, Any], sym: dict[str, str]) -> tuple[str, str]:
+def _cell(rec: dict[str, Any], sym: dict[str, str], mark: str = "") -> tuple[str, str]:
     """(value line, ratio line) of one table cell."""
+    value, ratio = _cell_lines(rec, sym)
+    return (f"{value} {mark}" if mark else value), ratio
+
+
+def _cell_lines(rec: dict[str, Any], sym: dict[str, str]) -> tuple[str, str]:
     if rec["unit"] == "count":
         total, timers = rec.get("total"), rec.get("timers")
         if not isnan(total) and not isnan(timers):

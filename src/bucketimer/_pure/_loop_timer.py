@@ -1,0 +1,249 @@
+"""A TimerThread's timer kept on its loop's own heap: which loops, and how.
+
+On the pure backend a timer scheduled from inside a running asyncio loop
+(its own thread, the loop given or running) is an ``asyncio.TimerHandle``
+pushed on that loop's heap, as ``loop.call_at`` pushes one (:func:`arm`):
+asyncio orders it with the loop's other timers, wakes for it and runs it,
+and no thread of bucketimer's takes part.  It answers bucketimer's
+:class:`Handle` API on top: ``cancel()`` says whether it won, ``when()`` is
+what was asked for (``_handle.py``).
+
+Only loops that keep asyncio's own heap and clock qualify
+(:func:`keeps_heap`): a subclass of ``asyncio.BaseEventLoop`` whose
+``_run_once`` is asyncio's, whose ``call_at`` pushes on the heap
+(asyncio's, or one registered with :func:`heap_call_at`), and whose
+``time`` is asyncio's ``time.monotonic()`` (neither overridden nor
+replaced on the instance).  Any other loop's timers, and those scheduled
+from another thread, go through the scheduler's thread.
+
+Claims: a pending timer is a key (its id) of its loop's dict of them
+(``loop._bt_timers``, set with its first such timer, for every
+TimerThread); running it, cancelling it and dropping it each first pop it
+from there, one atomic ``dict.pop``, so exactly one of them happens.  A
+cancel from another thread takes it off the loop's heap through
+``call_soon_threadsafe``: thread safety is paid by calls from other threads
+only.  Nothing of bucketimer's holds a loop, and the dict holds no timer
+(its values are their schedulers), so a loop is freed as asyncio's is; the
+loops are known by weak references (:data:`LOOPS`), for what a
+TimerThread's ``close()`` drops, and a loop that closed or went with timers
+pending has them counted as its close ended them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import heapq
+import weakref
+from asyncio import events
+from asyncio.base_events import BaseEventLoop
+from asyncio.events import TimerHandle
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ._arguments import SECONDS_RANGE as _RANGE
+from ._handle import PENDING, Handle
+
+if TYPE_CHECKING:
+    from ._scheduler import Scheduler
+
+_heappush = heapq.heappush
+_base_time = BaseEventLoop.time
+_base_run_once = BaseEventLoop._run_once  # type: ignore[attr-defined]
+
+# call_at methods that push on the loop's heap, as asyncio's does.
+_HEAP_CALL_AT: set[Any] = {BaseEventLoop.call_at}
+# The loop classes seen, by whether their instances keep asyncio's heap
+# (their clock aside).
+HEAP_TYPES: set[type] = set()
+_OTHER_TYPES: set[type] = set()
+
+
+def heap_call_at(call_at: Callable[..., Any]) -> None:
+    """Registers a loop class's ``call_at`` as one that pushes on
+    asyncio's heap (the pure drop-in loop's, which checks its arguments
+    first)."""
+    _HEAP_CALL_AT.add(call_at)
+    HEAP_TYPES.clear()
+    _OTHER_TYPES.clear()
+
+
+# asyncio's Handle and TimerHandle slots, 3.11 to 3.15: what their two
+# __init__ set, and what a timer made here without them sets.  A CPython
+# whose handles have others gets asyncio's own calls instead.
+_ASYNCIO_SLOTS = {"_callback", "_args", "_cancelled", "_loop", "_source_traceback", "_repr",
+                  "__weakref__", "_context", "_scheduled", "_when"}
+SLOTS_KNOWN = {*events.Handle.__slots__, *TimerHandle.__slots__} == _ASYNCIO_SLOTS
+
+
+def heap_type(cls: type) -> bool:
+    """Whether instances of the loop class ``cls`` keep asyncio's heap: it
+    runs asyncio's ``_run_once`` and its ``call_at`` pushes there."""
+    if cls in HEAP_TYPES:
+        return True
+    if cls in _OTHER_TYPES:
+        return False
+    ok = (SLOTS_KNOWN and issubclass(cls, BaseEventLoop)
+          and getattr(cls, "_run_once", None) is _base_run_once
+          and getattr(cls, "call_at", None) in _HEAP_CALL_AT
+          and cls.__dictoffset__ != 0)  # (an instance holds its timers' claims)
+    (HEAP_TYPES if ok else _OTHER_TYPES).add(cls)
+    return ok
+
+
+def keeps_heap(loop: Any) -> bool:
+    """Whether a TimerThread's timers for ``loop`` may live on its heap:
+    asyncio's heap and ``time.monotonic()`` clock (the class and the
+    instance asked each time: a clock patched on either is seen).
+    ``TimerThread.call_later`` has the same test inline, for the classes
+    known to keep the heap."""
+    return heap_type(type(loop)) and getattr(loop.time, "__func__", None) is _base_time
+
+
+_new = object.__new__
+_copy_context = contextvars.copy_context
+
+
+def push(loop: Any, when: Any, callback: Callable[..., object], args: tuple[Any, ...],
+         context: contextvars.Context | None) -> TimerHandle:
+    """``loop.call_at(when, callback, *args, context=context)`` of a loop of
+    :func:`heap_type` outside debug mode, in one call where asyncio's makes
+    five (``call_at``, ``_check_closed``, the two ``__init__``,
+    ``get_debug``): the same ``TimerHandle``, pushed on the same heap.  The
+    caller has checked that the loop is open."""
+    t: Any = _new(TimerHandle)
+    t._context = _copy_context() if context is None else context
+    t._loop = loop
+    t._callback = callback
+    t._args = args
+    t._cancelled = False
+    t._repr = None
+    t._source_traceback = None
+    t._when = when
+    _heappush(loop._scheduled, t)
+    t._scheduled = True
+    return t  # type: ignore[no-any-return]
+
+
+def cancel(timer: Any) -> None:
+    """``timer.cancel()`` of a ``TimerHandle`` of a loop of :func:`heap_type`
+    outside debug mode, in one call where asyncio's makes four
+    (``cancel``, ``_timer_handle_cancelled``, ``Handle.cancel``,
+    ``get_debug``)."""
+    if not timer._cancelled:
+        timer._cancelled = True
+        if timer._scheduled:
+            timer._loop._timer_cancelled_count += 1
+        timer._callback = timer._args = None
+
+
+# Every loop alive that has had a TimerThread's timer on its heap, by a
+# weak reference, and the dict of its pending ones (what its ``_bt_timers``
+# holds): id -> the timer's Scheduler.  Neither holds the loop or a timer,
+# so a loop is freed as asyncio's is, and when it goes, what it left
+# pending is counted (``_gone``).
+LOOPS: dict[weakref.ref[Any], dict[int, Scheduler]] = {}
+
+
+def _gone(ref: weakref.ref[Any]) -> None:
+    """A loop was freed: its timers left pending ended with it."""
+    pending = LOOPS.pop(ref, None)
+    if pending:
+        _count_dropped(pending)
+
+
+def _count_dropped(pending: dict[int, Scheduler]) -> None:
+    """Claims what is left of ``pending`` for a loop that closed or went:
+    ended by its close, they count as cancelled (their schedulers' stats()
+    count what is no longer pending, run nor dropped as cancelled)."""
+    pending.clear()
+
+
+def loop_timers() -> list[dict[int, Scheduler]]:
+    """The dicts of pending timers of the loops alive."""
+    return list(LOOPS.values())
+
+
+def loops() -> Iterator[Any]:
+    """The loops alive that keep TimerThreads' timers on their heaps."""
+    for ref in list(LOOPS):
+        loop = ref()
+        if loop is not None:
+            yield loop
+
+
+def timers_on(loop: Any) -> Iterator[Handle]:
+    """The TimerThreads' timers on ``loop``'s heap and in its ready queue
+    (read from another thread too: each is a copy taken at once)."""
+    for handle in (*list(loop._scheduled), *list(loop._ready)):
+        if type(handle) is Handle:
+            yield handle
+
+
+def drop_closed_loops() -> None:
+    """Counts the timers left pending by every loop that closed."""
+    for ref, pending in list(LOOPS.items()):
+        loop = ref()
+        if loop is not None and loop._closed and pending:
+            _count_dropped(pending)
+
+
+def loop_closing(loop: Any) -> None:
+    """``loop`` is about to close (the pure drop-in loop's ``close()``): its
+    TimerThreads' timers are dropped, and counted as the core counts those
+    of a loop's close."""
+    pending = getattr(loop, "_bt_timers", None)
+    if not pending:
+        return
+    for timer in timers_on(loop):
+        if pending.pop(timer._id, None) is not None:
+            timer._sched.loop_timer_dropped(timer)
+    _count_dropped(pending)  # (any not found there)
+
+
+_weakref = weakref.ref
+
+
+def first_timer_of(loop: Any) -> dict[int, Scheduler]:
+    """The dict of ``loop``'s pending timers, made for its first."""
+    pending: dict[int, Scheduler] = {}
+    loop._bt_timers = LOOPS[_weakref(loop, _gone)] = pending
+    return pending
+
+
+def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
+        callback: Callable[..., object], args: tuple[Any, ...],
+        context: contextvars.Context) -> Handle | None:
+    """A timer due at ``seconds`` (``when()`` gives ``when``), pushed on
+    ``loop``'s heap; called in the loop's thread while it runs.  None (the
+    caller's scheduler thread takes the timer) in the rare case where a
+    timer of another TimerThread pending on the loop has the id this one
+    got: ids are each TimerThread's own."""
+    if type(when) is int and not -_RANGE <= when <= _RANGE:
+        return None  # (one too large for a float: asyncio's heap cannot take it)
+    pending = getattr(loop, "_bt_timers", None)
+    if pending is None:
+        pending = first_timer_of(loop)
+    tid = next(sched._ids)
+    if pending.setdefault(tid, sched) is not sched:
+        sched.ids_elsewhere += 1
+        return None
+    t: Any = Handle()
+    t._id = tid
+    t._sched = sched
+    t._when = when
+    t._callback = callback
+    t._args = args
+    t._context = context
+    t._loop = loop
+    t._cancelled = False
+    t._repr = None
+    t._source_traceback = None
+    t._state = PENDING
+    t._home = pending
+    _heappush(loop._scheduled, t)
+    t._scheduled = True
+    return t  # type: ignore[no-any-return]
+
+
+__all__ = ["HEAP_TYPES", "LOOPS", "SLOTS_KNOWN", "arm", "cancel", "drop_closed_loops", "heap_call_at",
+           "heap_type", "keeps_heap", "loop_closing", "loops", "push", "timers_on"]

@@ -1,0 +1,177 @@
+"""A TimerThread's timer scheduled inside its running loop, on both backends:
+what it needs (no thread of bucketimer's on the pure backend, which keeps it
+on the loop's own heap: docs/design.rst, "The pure-Python backend"), and
+that it keeps the guarantees there: never early whatever the loop's clock
+resolution lets asyncio do, the real clock when the loop's own is patched,
+and the close of its loop or of its TimerThread ends it unrun, counted as
+the core counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+from unittest import mock
+
+import pytest
+from _helpers import wait_until
+
+import bucketimer
+
+pytestmark = pytest.mark.timeout(60)
+
+PURE = bucketimer.backend == "python"
+
+
+def timer_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("bucketimer-")}
+
+
+@pytest.mark.skipif(not PURE, reason="the pure backend keeps a loop's timers on its heap")
+def test_a_loop_timer_needs_no_thread_of_bucketimer() -> None:
+    """Scheduled, run and cancelled inside its loop, a timer starts no
+    thread (the pure scheduler's thread starts with the first timer it
+    keeps: one of no loop, or of a loop in another thread)."""
+    before = timer_threads()
+    tt = bucketimer.TimerThread()
+    try:
+
+        async def main() -> list[int]:
+            ran: list[int] = []
+            tt.call_later(0.01, ran.append, 1)
+            assert tt.call_later(10, ran.append, 2).cancel() is True
+            await asyncio.sleep(0.05)
+            return ran
+
+        assert asyncio.run(main()) == [1]
+        assert timer_threads() == before
+        tt.call_later(10, print)  # no loop: the thread starts
+        assert "bucketimer-timer" in timer_threads()
+    finally:
+        tt.close()
+
+
+def test_never_early_when_the_loop_may_run_a_timer_early(tt) -> None:
+    """asyncio runs a timer up to the loop's ``_clock_resolution`` before
+    its deadline; a TimerThread's callback still never sees the clock
+    before ``when()``."""
+
+    async def main() -> list[tuple[float, float]]:
+        loop = asyncio.get_running_loop()
+        loop._clock_resolution = 0.05  # type: ignore[attr-defined]
+        seen: list[tuple[float, float]] = []
+        done = loop.create_future()
+
+        def cb(h: list[bucketimer.Handle]) -> None:
+            seen.append((time.monotonic(), h[0].when()))
+            if len(seen) == 5:
+                done.set_result(None)
+
+        for i in range(5):
+            box: list[bucketimer.Handle] = []
+            box.append(tt.call_later(0.02 + 0.01 * i, cb, box))
+        await asyncio.wait_for(done, 5)
+        return seen
+
+    seen = asyncio.run(main())
+    assert all(at >= when for at, when in seen), seen
+    assert tt.stats()["early_fires"] == 0
+
+
+def test_a_loop_whose_clock_is_patched_gets_the_real_clock(tt) -> None:
+    """A loop whose ``time`` is replaced on the instance (a frozen clock
+    here): a TimerThread's timer still falls due by ``time.monotonic()``."""
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        fired = loop.create_future()
+        start = time.monotonic()
+        with mock.patch.object(loop, "time", return_value=loop.time()):
+            tt.call_later(0.05, lambda: fired.set_result(time.monotonic() - start))
+            return await asyncio.wait_for(fired, 5)
+
+    assert asyncio.run(main()) >= 0.05
+
+
+@pytest.mark.parametrize("ender", [
+    "the loop's close", "the drop-in loop's close", "close()",
+    pytest.param("the loop going unclosed", marks=pytest.mark.skipif(
+        not PURE, reason="a loop on the pure backend is freed as asyncio's is")),
+])
+def test_a_loop_timer_ended_unrun_is_counted_as_cancelled(ender: str) -> None:
+    """Scheduled inside its running loop, then its loop or its TimerThread
+    closed before it was due (or the loop freed without a close): it never
+    runs, it counts as cancelled, and its handle says neither cancelled nor
+    cancellable.  The drop-in loop's close and the TimerThread's let go of
+    its callback at once."""
+    tt = bucketimer.TimerThread()
+    try:
+        ran: list[int] = []
+
+        async def main() -> bucketimer.Handle:
+            return tt.call_later(0.05, ran.append, 1)
+
+        loop = bucketimer.new_event_loop() if "drop-in" in ender else asyncio.new_event_loop()
+        h = loop.run_until_complete(main())
+        if ender == "close()":
+            tt.close()
+            assert h.callback is None
+            loop.run_until_complete(asyncio.sleep(0.1))  # past its deadline
+        elif "drop-in" in ender:
+            loop.close()
+            assert h.callback is None
+        if ender == "the loop going unclosed":
+            with pytest.warns(ResourceWarning, match="unclosed event loop"):
+                del loop, h
+                gc.collect()
+        else:
+            loop.close()
+        assert wait_until(lambda: tt.stats()["cancelled"] == 1, 5), tt.stats()
+        s = tt.stats()
+        assert (s["scheduled"], s["ran"], s["cancelled"], s["dropped"]) == (1, 0, 1, 0), s
+        if ender != "the loop going unclosed":
+            assert h.cancel() is False and not h.cancelled()
+        assert ran == []
+    finally:
+        tt.close()
+
+
+def test_a_cancel_from_another_thread_wins_or_the_callback_runs(tt) -> None:
+    """Timers of a running loop, cancelled from another thread as they fall
+    due: each either ran or had ``cancel()`` return True, never both nor
+    neither."""
+    n = 300
+    ran: set[int] = set()
+    won: set[int] = set()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        handles = [tt.call_later(0.001 * (i % 30), ran.add, i) for i in range(n)]
+
+        def cancel_all() -> None:
+            for i, h in enumerate(handles):
+                if h.cancel():
+                    won.add(i)
+
+        await loop.run_in_executor(None, cancel_all)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+    assert not ran & won
+    assert ran | won == set(range(n))
+    s = tt.stats()
+    assert (s["ran"], s["cancelled"]) == (len(ran), len(won))
+
+
+def test_the_pure_backend_knows_asyncios_handles() -> None:
+    """The pure backend makes asyncio's timer handles itself, and keeps a
+    loop's timers on its heap, only where asyncio's ``Handle`` and
+    ``TimerHandle`` have the slots it sets (3.11 to 3.15 do): a CPython that
+    changes them fails here rather than getting the slower paths unseen."""
+    from bucketimer._pure import _loop_timer
+
+    assert _loop_timer.SLOTS_KNOWN
+    assert _loop_timer.heap_type(asyncio.SelectorEventLoop)
+    assert _loop_timer.heap_type(bucketimer.EventLoop) == PURE
