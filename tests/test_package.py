@@ -22,7 +22,7 @@ def test_dir_lists_the_api_and_no_import(module: types.ModuleType) -> None:
     public = [n for n in names if not n.startswith("__")]
     assert set(module.__all__) <= set(names)
     extra = {n for n in public if n not in module.__all__}
-    assert extra <= {"aio", "loop", "bench", "grpc", "otel", "pytest_plugin"}, extra
+    assert extra <= {"aio", "loop", "bench", "grpc", "otel", "prometheus", "pytest_plugin"}, extra
     for submodule in extra:
         assert isinstance(getattr(module, submodule), types.ModuleType)
     assert "__version__" in names or module is bt_loop

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -36,7 +37,11 @@ def _copy_without_compiled_modules(site: Path) -> list[str]:
 
 def _compiled_outside_the_package() -> bool:
     """An editable install: the package is the source tree and its compiled
-    modules are elsewhere, found through the install's own import hook."""
+    modules are elsewhere, found through the install's own import hook
+    (which a copy's child process would still find)."""
+    direct_url = importlib.metadata.distribution("bucketimer").read_text("direct_url.json")
+    if direct_url and json.loads(direct_url).get("dir_info", {}).get("editable"):
+        return True
     if bucketimer.backend != "native":
         return False
     core = importlib.import_module("bucketimer._core")
