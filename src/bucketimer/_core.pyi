@@ -82,6 +82,8 @@ class LoopHandle:
 class Port:
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None: ...
+    @property
+    def stamp(self) -> PollStamp | None: ...
     on_error: Callable[[Handle, BaseException], object] | None
     on_slow: Callable[[Any, tuple[Any, ...] | None, float, float], object] | None
     slow_after: float
@@ -98,6 +100,7 @@ class PollStamp:
     @property
     def polled_ns(self) -> int: ...
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]: ...
+    def _watch(self, port: Port, /) -> None: ...
 
 @final
 class Scheduler:

@@ -53,7 +53,7 @@ import selectors
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from time import monotonic as _monotonic
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 

@@ -37,7 +37,6 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
-from _helpers import TIME_SCALE, under_sanitizer  # noqa: E402
 from _grpc_harness import (  # noqa: E402
     SERVICE,
     AioBackend,
@@ -48,6 +47,7 @@ from _grpc_harness import (  # noqa: E402
     is_active,
     wait_for,
 )
+from _helpers import TIME_SCALE, under_sanitizer  # noqa: E402
 
 from bucketimer import _observers  # noqa: E402
 from bucketimer.grpc import flush_reports  # noqa: E402

@@ -151,7 +151,7 @@ def _disarm(me: Any) -> None:
     handler: Any = me._timeout_handler
     if handler is not None:
         me._timeout_handler = None
-        if type(handler) is TimerHandle and not handler._loop._debug:
+        if type(handler) is TimerHandle and not handler._loop._debug:  # type: ignore[attr-defined]
             cancel(handler)
         else:
             handler.cancel()
