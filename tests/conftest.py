@@ -13,7 +13,9 @@ Choose one with ``HYPOTHESIS_PROFILE=ci``; ``BUCKETIMER_SLOW_TESTS=1`` selects
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -24,6 +26,13 @@ from _helpers import cffi_core as _new_cffi_core
 from hypothesis import HealthCheck, settings
 
 import bucketimer
+
+# tests/ is on sys.path (pytest's rootdir-based import mode), and tests/grpc
+# is a directory of it: where grpcio is not installed (the Py_DEBUG
+# sessions), ``import grpc`` would find that directory as a namespace
+# package.  Made to fail as it should, so that importorskip("grpc") skips.
+if (_spec := importlib.util.find_spec("grpc")) is not None and _spec.origin in (None, "namespace"):
+    sys.modules["grpc"] = None  # type: ignore[assignment]
 
 T = TypeVar("T")
 
