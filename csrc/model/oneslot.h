@@ -9,15 +9,15 @@
  * and its list of timers are such pointers, touched only under the bucket
  * mutex, so in the model copy the schedule takes `slot` directly and does
  * not link it on the list (the pass, which reads that list, is no part of
- * these checks), and a walk of the slot directory (bt__pool_cancel) looks
- * at that one slot.
+ * these checks), and bt__pool_cancel's walk of the slot directory looks at
+ * that one slot.
  *
  * (tools/model_check.py reads these lines in every harness that includes
  * this file.)
  * adapt bucket.c: struct bt_timer *t = bk->free;\n    bk->free = t->next;\n    bk->nfree--; => struct bt_timer *t = &slot;
  * adapt bucket.c: t->next = bk->head;\n    bk->head = t;\n    return => return
  * adapt bucket.c: if (bk->free) return 0; => return 0;
- * adapt pool.c: struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) { => struct bt_timer *block = atomic_load_explicit(&tt->blocks[bl], memory_order_acquire);\n        for (uint32_t i = 0; i < 1; i++) {
+ * adapt pool.c: for (uint32_t i = 0; i < BT_BLOCK_SLOTS; i++) {\n            struct bt_timer *t = &block[i];\n            uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);\n            for (;;) { => for (uint32_t i = 0; i < 1; i++) {\n            struct bt_timer *t = &block[i];\n            uint64_t w = atomic_load_explicit(&t->word, memory_order_acquire);\n            for (;;) {
  */
 #ifndef BT_MODEL_ONESLOT_H
 #define BT_MODEL_ONESLOT_H
