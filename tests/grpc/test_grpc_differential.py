@@ -447,7 +447,8 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
             # interceptor's timer ran: a stalled machine; a row that shows it
             # twice fails as undecided
             undecided.append(f"{where}: {r!r}: grpc's own deadline came before the interceptor's")
-        elif not raced:
+            continue  # (what the slow-call timer saw of that end is as stalled)
+        if not raced:
             differs("deadline records", [x for x in ours if x[0] == "deadline"],
                     [("deadline", "WARNING", SC.DEADLINE_EXCEEDED.name)] if by_budget else [])
             differs("on_deadline sources", [ev.source for ev in events],
