@@ -1286,15 +1286,11 @@ class _Look:
             self._gone = not late and self._ended()
 
     def code(self) -> grpc.StatusCode:
-        """The client's status of a call grpc ended, at its handler's end.
-        A look whose timer has not run yet (a busy dispatcher) is made now,
-        by the same rule: an end that came before the look's time was a
-        cancel, one after it the deadline."""
-        if self._deadline is None:
+        """The client's status of a call grpc ended, at its handler's end
+        (before the look: a cancel too)."""
+        if self._deadline is None or self._gone is not False:
             return grpc.StatusCode.CANCELLED
-        if self._gone is None:
-            self._look()
-        return grpc.StatusCode.CANCELLED if self._gone else _DEADLINE_EXCEEDED
+        return _DEADLINE_EXCEEDED
 
     def close(self) -> None:
         """The call ended: its look is not needed any more."""
