@@ -440,6 +440,12 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
         events = [ev for ev in deadlines if ev.method == full]
         slow = [info for info in slows if info.method == full]
         observed = [x for x in observed_all if x[1].method == full]
+        if behaviour == "cancel" and r.code == SC.CANCELLED and (
+                events or [x for x in ours if x[0] == "deadline"]):
+            # the client's cancel, sent before the budget, reached the server
+            # after it: a stalled machine; a row that shows it twice fails
+            undecided.append(f"{where}: {r!r}: the cancel reached the server after its budget")
+            continue
         by_budget = cfg.budget is not None and r.code == SC.DEADLINE_EXCEEDED
         if by_budget and cfg.budget == "client" and not events \
                 and not [x for x in ours if x[0] == "deadline"]:
