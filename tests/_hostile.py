@@ -948,6 +948,10 @@ def _call(world: World, a: Any, b: Any, i: int) -> None:
     # a deadline where the name says so, else a delay
     clock = time.monotonic() if name.endswith("_at") or name == "reschedule" else 0.0
     args = [value(s, clock)[0] for s in (a, b)][: (i // 7) % 3]
+    if name == "cancel" and kind in ("handle", "loophandle") and not args:
+        # the settling checks must know of it, as of the cancel step's
+        world.cancel(next(r for r in world.records if r.handle() is obj))
+        return
     _adopt(world, attr(*args))
 
 
