@@ -441,10 +441,13 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
         slow = [info for info in slows if info.method == full]
         observed = [x for x in observed_all if x[1].method == full]
         if behaviour == "cancel" and r.code == SC.CANCELLED and (
-                events or [x for x in ours if x[0] == "deadline"]):
-            # the client's cancel, sent before the budget, reached the server
-            # after it: a stalled machine; a row that shows it twice fails
-            undecided.append(f"{where}: {r!r}: the cancel reached the server after its budget")
+                events or [x for x in ours if x[0] == "deadline"]
+                or slow and slow[-1].code == SC.DEADLINE_EXCEEDED):
+            # the client's cancel, sent before the budget (or before the
+            # client's own deadline, which is all a slow-call report can go
+            # by), reached the server after it: a stalled machine; a row that
+            # shows it twice fails
+            undecided.append(f"{where}: {r!r}: the cancel reached the server after its deadline")
             continue
         by_budget = cfg.budget is not None and r.code == SC.DEADLINE_EXCEEDED
         if by_budget and cfg.budget == "client" and not events \
