@@ -407,11 +407,21 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
             continue
         ref, ref_method, ref_key = plain[suffix]
         where = f"{backend.name} {cfg.name} {behaviour} {suffix}"
-        if key not in mx.trace or ref_key not in mx.trace or (
-                behaviour in AT_ONCE and SC.DEADLINE_EXCEEDED in (r.code, ref.code)):
+        full = f"/{SERVICE}/{method}"
+        ours = _ours(recs, method)
+        events = [ev for ev in deadlines if ev.method == full]
+        if key not in mx.trace or ref_key not in mx.trace or behaviour in AT_ONCE and (
+                SC.DEADLINE_EXCEEDED in (r.code, ref.code) or events
+                or [x for x in ours if x[0] == "deadline"]):
             # a handler that never ran, or one that ends at once but ran out of
             # the budget: the machine stalled for longer than the budget
             undecided.append(f"{where}: {r!r}, plain grpc: {ref!r}")
+            continue
+        if [ev for ev in events if ev.source == "client"
+                and ev.budget < (cfg.timeout or B) - 0.05 * SCALE]:
+            # the request reached its handler with the client's deadline
+            # mostly spent: the machine stalled before the handler began
+            undecided.append(f"{where}: {r!r}: the handler began with its deadline spent")
             continue
         if shape_streams_responses(call.shape) and ref.code == SC.DEADLINE_EXCEEDED \
                 and b"first" not in ref.responses:
@@ -435,9 +445,6 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
 
         # what the interceptors report: a deadline exactly when their budget
         # ended the call, and what the client got
-        full = f"/{SERVICE}/{method}"
-        ours = _ours(recs, method)
-        events = [ev for ev in deadlines if ev.method == full]
         slow = [info for info in slows if info.method == full]
         observed = [x for x in observed_all if x[1].method == full]
         if behaviour == "cancel" and r.code == SC.CANCELLED and (
