@@ -58,19 +58,12 @@ from typing import Any
 
 import pytest
 from _helpers import examples
-from _impls import IMPLS
+from _impls import IMPLS, STOCK_POLL_LOOKS
 from hypothesis import example, given, note
 from hypothesis import strategies as st
 
 import bucketimer
 from bucketimer import loop as bt_loop
-from bucketimer._backend import NATIVE
-
-if NATIVE:
-    from bucketimer._timers import _public_api_forced
-else:
-    def _public_api_forced(name: str) -> bool:
-        return False
 
 try:
     import uvloop
@@ -518,9 +511,6 @@ def _patched(run: Callable[[Program], Any]) -> Callable[[Program], Any]:
 REFERENCES: dict[str, Callable[[Program], Any]] = {
     "asyncio": _on(asyncio.SelectorEventLoop, ASYNCIO),
 }
-#: Whether bucketimer may wrap a stock loop's selector (its poll then looks
-#: at the core, as the drop-in loop's does): not with BUCKETIMER_PUBLIC_API.
-STOCK_POLL_LOOKS = bucketimer.backend == "python" or not _public_api_forced("loop_selector")
 #: each mode: (the references it may match, how it runs a program, whether
 #: its loop's poll looks at what is due: programs with a deadline shorter
 #: than an iteration are compared only there)
