@@ -160,7 +160,8 @@ class Handle(TimerHandle):
             return
         self._state = RUNNING
         sched.lt_ran += 1
-        late_ns = int((now - self._when) * 1e9)
+        late = now - self._when  # (inf for a deadline of -inf: the last bucket)
+        late_ns = int(late * 1e9) if late < 1e9 else 1 << HIST_TOP
         sched._hist[min(late_ns.bit_length() if late_ns > 0 else 0, HIST_TOP)] += 1
         try:
             self._context.run(self._callback, *self._args)  # type: ignore[arg-type]
