@@ -378,3 +378,27 @@ def test_context_is_checked_as_a_context_not_by_duck_typing():
             h = tt.call_later(3600, print, context=ctx)
             assert h.get_context() is ctx
             assert h.cancel() is True
+
+
+@pytest.mark.parametrize("when", [-math.inf, -1e300, 0.0])
+@pytest.mark.parametrize("factory", [asyncio.new_event_loop, bt_loop.new_event_loop],
+                         ids=["stock loop", "drop-in loop"])
+def test_a_deadline_long_past_runs_inside_a_running_loop(factory, when):
+    """A TimerThread's timer due at -inf (or far in the past), scheduled
+    inside its running loop, runs in the next iteration, as asyncio's does."""
+    ran: list[str] = []
+
+    async def main() -> None:
+        bucketimer.call_at(when, ran.append, "tt")
+        asyncio.get_running_loop().call_at(when, ran.append, "loop")
+        for _ in range(100):
+            if len(ran) == 2:
+                return
+            await asyncio.sleep(0.001)
+
+    loop = factory()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert sorted(ran) == ["loop", "tt"]
