@@ -861,3 +861,24 @@ def test_service_panels_draw_what_their_titles_say(path):
             want = {r["median"] for r in recs if r["contender"] == c.get_label()
                     and r["workload"] in {f"service_{key}@{n}" for n in sizes}}
             assert {p.get_height() for p in c.patches} == want, (key, c.get_label())
+
+
+def test_the_first_timer_script_measures_every_column():
+    """benchmarks/first_timer.py (docs/performance.rst, "A short-lived
+    loop"), at smoke size, on this backend: every column of both tables,
+    each a median of what it took."""
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "first_timer.py")
+    proc = subprocess.run([sys.executable, script, "--loops", "3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith(f"{bucketimer.backend} backend"), out
+    rows = [line for line in out.splitlines() if line.endswith("x")]
+    assert [r.split("  ")[0].strip() for r in rows] == [
+        "asyncio loop.call_later", "drop-in loop.call_later",
+        "bucketimer.call_later (stock loop)", "TimerThread.call_later (stock loop)",
+        "asyncio.run, asyncio.timeout", "asyncio.run, bucketimer.timeout",
+        "bucketimer.run, bucketimer.timeout"], out
+    for row in rows:
+        median = float(row.split()[-3])
+        assert median > 0, row
