@@ -30,6 +30,7 @@ import decimal
 import fractions
 import inspect
 import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -402,3 +403,68 @@ def test_a_deadline_long_past_runs_inside_a_running_loop(factory, when):
     finally:
         loop.close()
     assert sorted(ran) == ["loop", "tt"]
+
+
+class _Named:
+    """A callback with a repr of its own, as a log line shows it."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def __call__(self) -> None:
+        self.seen = repr(self.handle)
+        self.event.set()
+
+    def __repr__(self) -> str:
+        return "<the callback>"
+
+
+def _life_of_reprs(tt: Any, in_loop: bool) -> list[str]:
+    """A handle's repr at each step of its life, its id and deadline masked."""
+
+    def masked(h: Any) -> str:
+        return re.sub(r"id=\d+", "id=N", repr(h).replace(repr(h.when()), "W"))
+
+    seen = []
+    cb = _Named()
+
+    async def in_a_loop() -> None:
+        cb.handle = tt.call_later(0.01, cb)
+        seen.append(masked(cb.handle))
+        while not cb.event.is_set():
+            await asyncio.sleep(0.005)
+
+    if in_loop:
+        asyncio.run(in_a_loop())
+    else:
+        cb.handle = tt.call_later(0.01, cb)
+        seen.append(masked(cb.handle))
+        assert cb.event.wait(10)
+    seen.append(re.sub(r"id=\d+", "id=N", cb.seen.replace(repr(cb.handle.when()), "W")))
+    time.sleep(0.02)  # (the dispatcher's run ends after the callback returns)
+    seen.append(masked(cb.handle))
+    h = tt.call_later(3600, cb)
+    h.cancel()
+    seen.append(masked(h))
+    return seen
+
+
+@pytest.mark.parametrize("in_loop", [False, True], ids=["dispatcher", "in a loop"])
+def test_a_handles_repr_says_its_state_in_the_same_words_on_both_backends(in_loop):
+    """What a log line shows of a handle (asyncio's exception handler prints
+    its repr): a pending one's deadline and callback, then "ran" (from the
+    call of its callback on), "cancelled" or "dropped" and its id; on every
+    implementation alike."""
+    for name, cls in timer_thread_classes().items():
+        with cls() as tt:
+            assert _life_of_reprs(tt, in_loop) == [
+                "<bucketimer.Handle pending when=W <the callback>>",
+                "<bucketimer.Handle ran id=N>",
+                "<bucketimer.Handle ran id=N>",
+                "<bucketimer.Handle cancelled id=N>",
+            ], name
+    for name, cls in timer_thread_classes().items():
+        tt = cls()
+        h = tt.call_later(3600, print)
+        tt.close()
+        assert re.sub(r"id=\d+", "id=N", repr(h)) == "<bucketimer.Handle dropped id=N>", name

@@ -37,7 +37,9 @@ if TYPE_CHECKING:
     from ._scheduler import Scheduler
 
 PENDING, POSTED, RUNNING, CANCELLED, DROPPED = range(5)
-_STATE_NAMES = ("pending", "posted", "running", "cancelled", "dropped")
+# What the repr says of each state, in the native handle's words: a timer
+# is pending until claimed, and has "ran" from then on.
+_STATE_NAMES = ("pending", "pending", "ran", "cancelled", "dropped")
 
 HIST_TOP = 47  # the lateness histogram's last bucket (HIST_BUCKETS - 1)
 
@@ -136,10 +138,13 @@ class Handle(TimerHandle):
         return type(other) is Handle and self._id < other._id
 
     def __repr__(self) -> str:
+        # (as the native handle's: the deadline and callback of a pending
+        # timer, the id of one that has ended or is running)
+        state = _STATE_NAMES[self._state]
         cb = self._callback
-        what = "" if cb is None else f" {getattr(cb, '__qualname__', cb)!s}"
-        return (f"<bucketimer.Handle id={self._id} {_STATE_NAMES[self._state]}"
-                f" when={self._when}{what}>")
+        if self._state > POSTED or cb is None:
+            return f"<bucketimer.Handle {state} id={self._id}>"
+        return f"<bucketimer.Handle {state} when={self._when!r} {cb!r}>"
 
     # -- on its loop's heap -------------------------------------------------------
 
