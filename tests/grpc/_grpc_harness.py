@@ -179,6 +179,11 @@ def _canceller(c: Call, call: Any, t0: float) -> Callable[[], None]:
     return cancel
 
 
+#: The code of a Result whose call grpc.aio ended with ``asyncio.CancelledError``
+#: though the test did not cancel it.
+LOCALLY_CANCELLED = "asyncio.CancelledError, no cancel of the test's"
+
+
 def _cancelled_result(got: list[bytes], call: Call, t0: float) -> Result:
     # both APIs: what a client that cancelled its own call sees
     return Result(got, grpc.StatusCode.CANCELLED, "cancelled by the client", time.monotonic() - t0)
@@ -498,9 +503,15 @@ class AioBackend(Backend):
                     await asyncio.sleep(c.read_delay)
             code, details, error = grpc.StatusCode.OK, None, None
         except asyncio.CancelledError:
-            if c.cancelled_at is None:
+            if c.cancelled_at is not None:
+                return _cancelled_result(got, c, t0)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the caller's bound (run())
                 raise
-            return _cancelled_result(got, c, t0)
+            # grpc.aio ended the call as cancelled on this side, and not by a
+            # cancel of the test's: what this call got, for its row to weigh
+            # against the others' (and to name), rather than an end of the row
+            return Result(got, LOCALLY_CANCELLED, None, time.monotonic() - t0)
         except grpc.RpcError as e:
             code, details, error = e.code(), e.details(), e
         finally:

@@ -37,7 +37,9 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
+import _grpc_harness  # noqa: E402
 from _grpc_harness import (  # noqa: E402
+    LOCALLY_CANCELLED,
     SERVICE,
     AioBackend,
     Backend,
@@ -684,3 +686,27 @@ def test_a_call_the_servers_stop_ends_is_no_deadline(backend_name: str) -> None:
     # the call, and a slow call's end says CANCELLED (docs/grpc.rst)
     ends = [info.code for info in hooks.slow if info.finished]
     assert ends and set(ends) == {SC.CANCELLED}, hooks.slow
+
+
+def test_a_client_call_that_grpc_cancels_unasked_is_a_result_of_its_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grpc.aio call that ends in ``asyncio.CancelledError`` with no cancel
+    of the test's is what that call got, beside the others of its row (which
+    the row then weighs, stall or not), not a crash of the whole row."""
+    async def slow(request: bytes, context: Any) -> bytes:
+        await asyncio.sleep(5)
+        return b"late"
+
+    # (the canceller cancels as always but notes nothing: a cancel the test
+    # did not make, as far as the row can tell)
+    monkeypatch.setattr(_grpc_harness, "_canceller", lambda c, call, t0: call.cancel)
+    backend = AioBackend()
+    try:
+        with backend.serve({"Slow": grpc.unary_unary_rpc_method_handler(slow)}) as address, \
+                backend.channel(address) as channel:
+            results = backend.invoke_many([
+                Call(channel, "unary_unary", "Slow", cancel_at=0.05),
+                Call(channel, "unary_unary", "Slow", timeout=0.1 * SCALE)])
+    finally:
+        backend.close()
+    assert [r.code for r in results] == [LOCALLY_CANCELLED, SC.DEADLINE_EXCEEDED], results
