@@ -150,7 +150,8 @@ struct bt_port {
     /* fd side, no lock (port.c): whoever pushes, writes or reads the fd
      * counts itself in `users` and then checks `detached`; detach sets
      * `detached`, waits for `users` to reach 0, and only then closes */
-    _Atomic int fd;   /* the eventfd; -1 if none */
+    _Atomic int fd;   /* the eventfd (or a loop's socket: wake_socket); -1 if none */
+    int wake_socket;  /* set once, before fd: bt_port_wake_by */
     _Atomic int detached;
     _Atomic uint32_t users;
     /* a lower bound of the deadlines of its timers not yet posted: lowered

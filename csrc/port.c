@@ -35,6 +35,11 @@
  *     flag exchange and at most one write() to a nonblocking fd.  Detach may
  *     wait for the timer thread (one post) or for a consumer's ack in
  *     progress; the timer thread never waits for anyone.
+ *
+ * The fd is an eventfd of the port's own, or a dup of an asyncio loop's
+ * self-pipe (bt_port_wake_by), which the loop's own reader empties: then
+ * the consumer's drain must come after that reader in each round the
+ * reader runs (docs/design.rst, "Waking a stock loop").
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -45,12 +50,14 @@
 
 #include "internal.h"
 
+#include <fcntl.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 
 static int open_fd(bt_port *p) {
     int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) return -errno;
-    atomic_init(&p->fd, fd);
+    atomic_store(&p->fd, fd);
     return 0;
 }
 
@@ -82,6 +89,12 @@ int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     return 0;
 }
 
+int32_t bt_port_detached(bt_port *port) {
+    return port ? atomic_load(&port->detached) : 1;
+}
+
+int32_t bt_port_wakes_socket(bt_port *port) { return port ? port->wake_socket : 0; }
+
 int32_t bt_port_fd(bt_port *port) {
     return port ? atomic_load_explicit(&port->fd, memory_order_relaxed) : -1;
 }
@@ -97,6 +110,38 @@ static int enter(bt_port *port) {
 
 static void leave(bt_port *port) {
     atomic_fetch_sub_explicit(&port->users, 1, memory_order_release);
+}
+
+/* A socket wake: the fd is a dup of a socket whose peer the consumer polls
+ * and empties by itself (an asyncio loop's self-pipe, docs/design.rst,
+ * "Waking a stock loop").  A signal sends it one zero byte, which the loop's
+ * own reader discards as its own wakes; an ack reads nothing.  The store of
+ * the fd and the load of `signalled` below are seq_cst, as are a signal's
+ * exchange of `signalled` and its load of the fd: a post that raced the fd's
+ * arrival either sees the fd and writes it, or is seen here and signalled
+ * again. */
+int bt_port_wake_by(bt_port *port, int32_t sock) {
+    if (!port) return -EINVAL;
+    if (bt__forked(port->tt)) return -ECHILD;
+    if (port == port->tt->orphans) return -EINVAL;
+    if (!enter(port)) return -EINVAL;
+    int rc = 0;
+    if (atomic_load(&port->fd) >= 0) {
+        rc = -EBUSY;
+    } else if (sock >= 0) {
+        int fd = fcntl(sock, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            rc = -errno;
+        } else {
+            port->wake_socket = 1;
+            atomic_store(&port->fd, fd);
+        }
+    } else {
+        rc = open_fd(port);
+    }
+    leave(port);
+    if (rc == 0 && atomic_load(&port->signalled)) bt_port_signal(port);
+    return rc;
 }
 
 static void close_fd(bt_port *port) {
@@ -162,13 +207,22 @@ static void push_chain(bt_port *port, struct bt_timer *head, struct bt_timer *ta
  * is counted in the port's users. */
 static int write_signal(bt_port *port) {
     if (atomic_exchange(&port->signalled, 1)) return 0; /* already signalled */
-    int fd = atomic_load_explicit(&port->fd, memory_order_relaxed);
+    int fd = atomic_load(&port->fd); /* seq_cst: see bt_port_wake_by */
     if (fd < 0) return 0;
-    uint64_t one = 1;
     ssize_t n;
-    do {
-        n = write(fd, &one, sizeof(one));
-    } while (n < 0 && errno == EINTR);
+    if (port->wake_socket) {
+        /* EAGAIN leaves the loop's buffer full of wakes: it wakes anyway;
+         * EPIPE is a closed loop's, which runs nothing more. */
+        static const char zero = 0;
+        do {
+            n = send(fd, &zero, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        } while (n < 0 && errno == EINTR);
+    } else {
+        uint64_t one = 1;
+        do {
+            n = write(fd, &one, sizeof(one));
+        } while (n < 0 && errno == EINTR);
+    }
     atomic_fetch_add_explicit(&port->tt->eventfd_writes, 1, memory_order_relaxed);
     return 1;
 }
@@ -192,7 +246,7 @@ void bt_port_ack(bt_port *port) {
     if (!port || bt__forked(port->tt)) return;
     if (enter(port)) {
         int fd = atomic_load_explicit(&port->fd, memory_order_relaxed);
-        if (fd >= 0) {
+        if (fd >= 0 && !port->wake_socket) { /* a socket's reader is the loop's */
             uint64_t count; /* nonblocking: one read resets the eventfd */
             (void)!read(fd, &count, sizeof(count));
         }

@@ -265,8 +265,21 @@ int64_t bt_foreach_pending(bt_timer_thread *tt, bt_pending_fn fn, void *ctx);
  * before a fork() in an ancestor process (like every call on such a core,
  * it touches none of its locks). */
 int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out);
-/* The fd to poll for readability, or -1. */
+/* Gives a port opened without an fd the fd its posts signal.  sock < 0: an
+ * eventfd of its own, as with_fd makes.  sock >= 0: a socket whose peer the
+ * consumer already polls and empties itself -- an asyncio loop's self-pipe;
+ * the port keeps a dup of it, signals it with one zero byte and reads
+ * nothing when acked, so the consumer must drain the port after its own
+ * reader has emptied the socket in each poll's round, never before.
+ * -EBUSY if the port has an fd, -EINVAL for a detached port or the orphan
+ * port, -ECHILD after fork, or the -errno of dup or eventfd. */
+int bt_port_wake_by(bt_port *port, int32_t sock);
+/* The fd to poll for readability (a socket wake's: the dup), or -1. */
 int32_t bt_port_fd(bt_port *port);
+/* Nonzero once the port is detached (bt_port_detach). */
+int32_t bt_port_detached(bt_port *port);
+/* Nonzero if the port signals a socket (bt_port_wake_by). */
+int32_t bt_port_wakes_socket(bt_port *port);
 /* Marks the port detached and closes its fd.  When it returns, nothing will
  * ever be pushed to the port again: what the timer thread posted to it before
  * is in its queue for the consumer to take (drain it after detaching), and
