@@ -66,6 +66,16 @@ static PyMethodDef module_functions[] = {
      "default_timer_thread($module, /)\n--\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
     {"_set_default_class", module_set_default_class, METH_O, NULL},
+    {"call_later", (PyCFunction)(void (*)(void))ext_module_call_later,
+     METH_FASTCALL | METH_KEYWORDS,
+     "call_later($module, delay, callback, /, *args, loop=None, context=None)\n--\n\n"
+     "``default_timer_thread().call_later(...)``."},
+    {"call_at", (PyCFunction)(void (*)(void))ext_module_call_at, METH_FASTCALL | METH_KEYWORDS,
+     "call_at($module, when, callback, /, *args, loop=None, context=None)\n--\n\n"
+     "``default_timer_thread().call_at(...)``."},
+    {"_set_attach", ext_set_attach, METH_VARARGS,
+     "_set_attach(attach_class, stamp_class, report_to_loop, socket, BaseSelector, partial)\n"
+     "What connecting a loop's port in C calls and compares with (ext/attach.c)."},
     {"_scheduler", ext_default_scheduler, METH_VARARGS,
      "_scheduler(loop, absolute, /)\n--\n\nThe drop-in loop's call_at (absolute) or call_later, "
      "on the default TimerThread, whichever it is when called."},
@@ -110,7 +120,8 @@ static int add_types(PyObject *m, ext_state *st) {
         add_type(m, &st->Timeout_Type, &Timeout_spec, 1) < 0 ||
         add_type(m, &st->GrpcCall_Type, &GrpcCall_spec, 1) < 0 ||
         add_type(m, &st->GrpcUnary_Type, &GrpcUnary_spec, 1) < 0 ||
-        add_type(m, &st->PollStamp_Type, &PollStamp_spec, 1) < 0)
+        add_type(m, &st->PollStamp_Type, &PollStamp_spec, 1) < 0 ||
+        add_type(m, &st->CloseHook_Type, &CloseHook_spec, 0) < 0)
         return -1;
 #if PY_VERSION_HEX >= 0x030C0000
     if (add_type(m, &st->WaitFor_Type, &WaitFor_spec, 1) < 0 ||

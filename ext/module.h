@@ -77,6 +77,7 @@ typedef struct {
     PyTypeObject *GrpcUnary_Type, *GrpcCall_Type;           /* grpc_unary_type.c */
     PyTypeObject *GrpcAioUnary_Type, *GrpcAioCoro_Type;     /* grpc_aio_type.c: 3.12+ */
     PyTypeObject *PollStamp_Type;                           /* the drop-in loop's selector */
+    PyTypeObject *CloseHook_Type;                           /* attach.c */
     /* CPython's private state, read through compat.c */
     ext_compat compat;
     /* asyncio's objects that the helpers call or compare with */
@@ -89,6 +90,10 @@ typedef struct {
     /* bucketimer's Python side, registered when bucketimer is imported */
     PyObject *default_class;        /* bucketimer.TimerThread */
     PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive (3.12+) */
+    /* what attach.c calls and compares with (_core._set_attach), and its
+     * verdicts {loop class: bool} */
+    PyObject *attach_class, *stamp_class, *report_to_loop, *socket_type, *BaseSelector, *partial;
+    PyObject *attach_classes;
     /* called with each new Handle while bucketimer.trace_timers() is on
      * (where it was armed); NULL: off, and nothing is done */
     PyObject *armed_hook;
@@ -112,6 +117,7 @@ typedef struct {
     PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_call_at, *str_cancel;
     PyObject *str_cancelling;
     PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions, *str_drain;
+    PyObject *str_loop_closing, *str_csock, *str_ssock, *str_selector, *str_fileno;
 } ext_state;
 
 /* The state's strong references (module.c's traverse and clear) and its
@@ -119,17 +125,19 @@ typedef struct {
 #define EXT_STATE_TYPES(X) \
     X(TimerThread_Type) X(Handle_Type) X(LoopHandle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
     X(Step_Type) X(WaitFor_Type) X(GrpcUnary_Type) X(GrpcCall_Type) X(GrpcAioUnary_Type) \
-    X(GrpcAioCoro_Type) X(PollStamp_Type)
+    X(GrpcAioCoro_Type) X(PollStamp_Type) X(CloseHook_Type)
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
-    X(monotonic_clocks) X(armed_hook)
+    X(monotonic_clocks) X(armed_hook) X(attach_class) X(stamp_class) X(report_to_loop) \
+    X(socket_type) X(BaseSelector) X(partial) X(attach_classes)
 #define EXT_STATE_NAMES(X)                                                                  \
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
     X(str_call_soon, "call_soon") X(str_call_at, "call_at")                            \
     X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
     X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")         \
-    X(str_drain, "drain")
+    X(str_drain, "drain") X(str_loop_closing, "_loop_closing") X(str_csock, "_csock")     \
+    X(str_ssock, "_ssock") X(str_selector, "_selector") X(str_fileno, "fileno")
 
 extern struct PyModuleDef ext_module_def;
 
@@ -190,6 +198,11 @@ typedef struct {
     /* the loop's PollStamp, or NULL: drain() runs what was due by its last
      * poll (docs/design.rst, "Order on the loop") */
     PollStampObject *stamp;
+    /* what the stamp adds to a poll's events to queue drain() when the port
+     * wakes its loop through the loop's self-pipe (bt_port_wake_by): made by
+     * the stamp's _wake_event the first time, or NULL */
+    PyObject *wake_event;
+    long wake_peer; /* the fd of the loop's reader of that self-pipe, or -1 */
     /* The Handles whose timers the core holds for this port: the slot's
      * reference to each is the port's to the cyclic GC (its traverse visits
      * them, its clear cancels them), so a loop and its pending timers are
@@ -198,7 +211,7 @@ typedef struct {
     HandleObject *held;
     PyObject *weakreflist;
 } PortObject;
-#define PORT_REFS(X) X(loop) X(on_error) X(on_slow) X(stamp) X(tt)
+#define PORT_REFS(X) X(loop) X(on_error) X(on_slow) X(stamp) X(wake_event) X(tt)
 
 struct HandleObject {
     PyObject_HEAD
@@ -245,6 +258,9 @@ struct TimerThreadObject {
      * can be scheduled) but its thread lives and its timers are kept; the
      * next close() tries again (timer_thread_type.c, close_core). */
     int stop_failed;
+    /* set by _timers once its dispatcher audits the loops, cleared as it
+     * stops or closes: a loop's port may be connected in C (attach.c) */
+    int fast_attach;
     PyObject *weakreflist;
 };
 #define TIMERTHREAD_REFS(X) X(ports) X(dispatcher)
@@ -271,7 +287,7 @@ typedef struct TimeoutObject {
 
 extern PyType_Spec Handle_spec, LoopHandle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
     Timeout_spec, WaitFor_spec, GrpcUnary_spec, GrpcCall_spec, GrpcAioUnary_spec, GrpcAioCoro_spec,
-    PollStamp_spec;
+    PollStamp_spec, CloseHook_spec;
 
 /* ---- across files ------------------------------------------------------- */
 
@@ -307,6 +323,19 @@ int ext_check_open(TimerThreadObject *self);
 void ext_forget_port(TimerThreadObject *self, PortObject *port);
 /* The port of `loop` (None: the dispatcher), a new reference. */
 PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop);
+/* The object a weak reference names (a new reference), or NULL once dead. */
+PyObject *ext_weak_target(PyObject *ref);
+/* attach.c: connects a new port to the running loop `loop` in C: 1 done,
+ * 0 not a case for it (nothing changed: _attach's), -1 with an exception. */
+int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port);
+PyObject *ext_set_attach(PyObject *m, PyObject *args);
+/* _core.call_later / call_at: the default TimerThread's. */
+PyObject *ext_module_call_later(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
+PyObject *ext_module_call_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames);
+/* poll_stamp_type.c: the stamp's poll watches `port` (PollStamp._watch). */
+int ext_poll_stamp_watch(PollStampObject *self, PortObject *port);
 /* The process default TimerThread (borrowed), made anew once closed. */
 TimerThreadObject *ext_default_tt(ext_state *st);
 /* A Handle just scheduled, while st->armed_hook is set: the hook is told

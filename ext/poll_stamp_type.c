@@ -94,10 +94,33 @@ static void add_read_event(PollStampObject *self, PyObject *ready, long fd) {
     else PyErr_WriteUnraisable((PyObject *)self);
 }
 
+/* Appends the event that queues the port's drain (made once, by the
+ * subclass's _wake_event) to a poll's events, last, for a port that wakes
+ * its loop through the loop's self-pipe.  asyncio queues callbacks in the
+ * order of the events, so the drain runs after the loop's own reader of the
+ * self-pipe whenever that runs too: a wake the reader empties was sent by a
+ * post this drain takes, and one sent after the drain's ack stays for the
+ * next poll (docs/design.rst, "Waking a stock loop").  An error is
+ * reported; the timers stay posted, and the next poll tries again. */
+static void add_wake_event(PollStampObject *self, PyObject *ready, PortObject *p) {
+    PyObject *ev = Py_XNewRef(p->wake_event);
+    if (!ev) {
+        ev = PyObject_CallMethod((PyObject *)self, "_wake_event", "O", (PyObject *)p);
+        if (ev && !p->wake_event) p->wake_event = Py_NewRef(ev);
+    }
+    if (ev && PyList_Append(ready, ev) == 0) {
+        Py_DECREF(ev);
+        return;
+    }
+    Py_XDECREF(ev);
+    PyErr_WriteUnraisable((PyObject *)self);
+}
+
 /* After a poll at `now`: each watched port's timers due by then are posted
  * (a pass on this thread if the timer thread has not), and a port that holds
- * posted timers its eventfd's event did not announce gets one.  Ports
- * detached since are dropped from the list. */
+ * posted timers its eventfd's event did not announce gets one; a port that
+ * wakes the loop's self-pipe, also when the self-pipe's reader runs this
+ * round.  Ports detached since are dropped from the list. */
 static void deliver_due(PollStampObject *self, PyObject *ready, int64_t now) {
     PyObject *ports = Py_NewRef(self->ports);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ports); i++) {
@@ -110,7 +133,14 @@ static void deliver_due(PollStampObject *self, PyObject *ready, int64_t now) {
             ext_port_deliver_due(p, now);
             /* (get_key runs Python code: the list is read again after it,
              * and p is held) */
-            if (bt_port_has_posted(p->port) && !names_fd(ready, fd)) add_read_event(self, ready, fd);
+            if (bt_port_has_posted(p->port)) {
+                if (bt_port_wakes_socket(p->port)) add_wake_event(self, ready, p);
+                else if (!names_fd(ready, fd)) add_read_event(self, ready, fd);
+            } else if (bt_port_wakes_socket(p->port) && names_fd(ready, p->wake_peer)) {
+                /* the reader empties the self-pipe this round: a post may
+                 * land between this look and its read (add_wake_event) */
+                add_wake_event(self, ready, p);
+            }
         }
         Py_DECREF(p);
     }
@@ -148,12 +178,20 @@ static PyObject *PollStamp_watch(PollStampObject *self, PyObject *port) {
         PyErr_SetString(PyExc_RuntimeError, "PollStamp has no selector (cleared)");
         return NULL;
     }
-    PortObject *p = (PortObject *)port;
+    if (ext_poll_stamp_watch(self, (PortObject *)port) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+int ext_poll_stamp_watch(PollStampObject *self, PortObject *p) {
+    if (!self->ports) {
+        PyErr_SetString(PyExc_RuntimeError, "PollStamp has no selector (cleared)");
+        return -1;
+    }
     if (p->stamp != self) {
         Py_XSETREF(p->stamp, (PollStampObject *)Py_NewRef(self));
-        if (PyList_Append(self->ports, port) < 0) return NULL;
+        if (PyList_Append(self->ports, (PyObject *)p) < 0) return -1;
     }
-    Py_RETURN_NONE;
+    return 0;
 }
 
 static PyMethodDef PollStamp_methods[] = {

@@ -11,6 +11,7 @@
  */
 #include "module.h"
 
+#include <limits.h>
 #include <time.h>
 
 /* ---- Port --------------------------------------------------------------- */
@@ -201,6 +202,56 @@ static PyObject *Port_cancel_pending(PortObject *self, PyObject *Py_UNUSED(ignor
     return PyLong_FromLongLong(n);
 }
 
+/* An fd argument: an int, -1 for any negative one. */
+static int fd_arg(PyObject *arg, const char *name, int *fd) {
+    if (!PyLong_CheckExact(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v > INT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s is not an fd", name);
+        return -1;
+    }
+    *fd = v < 0 ? -1 : (int)v;
+    return 0;
+}
+
+/* _wake_by(sock=-1, peer=-1): the fd the port's posts signal, given once,
+ * by the _attach that connects the port: an eventfd of its own, or a dup of
+ * `sock`, the end of the loop's self-pipe that wakes it, `peer` being the
+ * end its reader reads (docs/design.rst, "Waking a stock loop"). */
+static PyObject *Port_wake_by(PortObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "_wake_by() takes at most 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    int sock = -1, peer = -1;
+    if (nargs >= 1 && fd_arg(args[0], "sock", &sock) < 0) return NULL;
+    if (nargs == 2 && fd_arg(args[1], "peer", &peer) < 0) return NULL;
+    if (sock >= 0 && peer < 0) {
+        PyErr_SetString(PyExc_ValueError, "a self-pipe wake needs the fd its reader reads");
+        return NULL;
+    }
+    if (!self->tt) {
+        PyErr_SetString(PyExc_RuntimeError, "the port is released");
+        return NULL;
+    }
+    int rc = bt_port_wake_by(self->port, sock < 0 ? -1 : sock);
+    if (rc == -EBUSY) {
+        PyErr_SetString(PyExc_RuntimeError, "the port has its fd already");
+        return NULL;
+    }
+    if (rc == -EINVAL) {
+        PyErr_SetString(PyExc_RuntimeError, "the port is detached");
+        return NULL;
+    }
+    if (rc) return ext_raise_errno(rc, "wake_by");
+    self->wake_peer = sock >= 0 ? peer : -1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Port_fileno(PortObject *self, PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromLong(bt_port_fd(self->port));
 }
@@ -236,6 +287,9 @@ static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
     }
     if (rc) return ext_raise_errno(rc, "detach");
     unwatch(self);
+    /* its drain's Handle names the loop: a closed loop is freed by its last
+     * reference going, as asyncio's is (its reader's Handle goes likewise) */
+    Py_CLEAR(self->wake_event);
     PyObject *r = Port_drain_impl(self, 1, -1);
     if (!r) return NULL;
     Py_DECREF(r);
@@ -270,7 +324,13 @@ static PyMethodDef Port_methods[] = {
      "By default, those due by the loop's last poll (stamp), or all.  Returns how many "
      "were taken."},
     {"fileno", (PyCFunction)Port_fileno, METH_NOARGS,
-     "The eventfd that becomes readable when timers are posted (-1 when detached)."},
+     "The eventfd that becomes readable when timers are posted, the dup of the loop's "
+     "self-pipe it signals (wakes_socket), or -1 (none yet, or detached)."},
+    {"_wake_by", (PyCFunction)(void (*)(void))Port_wake_by, METH_FASTCALL,
+     "_wake_by($self, sock=-1, peer=-1, /)\n--\n\n"
+     "Give the port the fd its posts signal, once: an eventfd of its own, or a dup of "
+     "``sock``, the end of a loop's self-pipe that wakes it (``peer``: the end its reader "
+     "reads), signalled with a zero byte."},
     {"detach", (PyCFunction)Port_detach, METH_NOARGS,
      "Close the fd and drop queued timers without running them."},
     {"cancel_pending", (PyCFunction)Port_cancel_pending, METH_NOARGS,
@@ -278,7 +338,14 @@ static PyMethodDef Port_methods[] = {
      "returns how many."},
     {NULL}};
 
+static PyObject *Port_get_wakes_socket(PortObject *self, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(self->tt && bt_port_wakes_socket(self->port));
+}
+
 static PyGetSetDef Port_getset[] = {
+    {"wakes_socket", (getter)Port_get_wakes_socket, NULL,
+     "True if the port wakes its loop through the loop's self-pipe (no reader of its own).",
+     NULL},
     {"loop", (getter)Port_get_loop, NULL, "The loop served (None: dispatcher).", NULL},
     {"stamp", (getter)Port_get_stamp, NULL,
      "The PollStamp of the loop's selector, whose last poll bounds drain(); or None.", NULL},
@@ -326,6 +393,8 @@ PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int 
     self->released = 0;
     atomic_init(&self->draining, 0);
     self->stamp = NULL;
+    self->wake_event = NULL;
+    self->wake_peer = -1;
     self->held = NULL;
     self->weakreflist = NULL;
     PyObject_GC_Track(self);

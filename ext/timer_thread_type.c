@@ -82,6 +82,7 @@ static int TimerThread_clear(TimerThreadObject *self) {
 static int64_t close_core(TimerThreadObject *self) {
     if (!self->core || self->closed) return 0;
     self->closed = 1;
+    self->fast_attach = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = bt_stop(self->core);
@@ -153,10 +154,10 @@ int ext_check_open(TimerThreadObject *self) {
  * with the GIL held; an allocation or the hook may let it go, so a record is
  * made with setdefault and the first one stays. */
 
-static inline int port_is_open(PortObject *p) { return bt_port_fd(p->port) >= 0; }
+/* (not detached: its fd comes in _attach, bt_port_wake_by) */
+static inline int port_is_open(PortObject *p) { return !bt_port_detached(p->port); }
 
-/* The object a weak reference names (a new reference), or NULL once dead. */
-static PyObject *weak_target(PyObject *ref) {
+PyObject *ext_weak_target(PyObject *ref) {
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject *o = NULL;
     if (PyWeakref_GetRef(ref, &o) < 0) PyErr_Clear(); /* (always a weakref) */
@@ -177,7 +178,7 @@ static PortObject *recorded(TimerThreadObject *self, PyObject *loop) {
     if (!key) return NULL;
     PyObject *ref = PyDict_GetItemWithError(self->ports, key);
     Py_DECREF(key);
-    PortObject *p = ref ? (PortObject *)weak_target(ref) : NULL;
+    PortObject *p = ref ? (PortObject *)ext_weak_target(ref) : NULL;
     if (p && p->loop != loop) Py_CLEAR(p);
     return p;
 }
@@ -190,7 +191,7 @@ static void unrecord(TimerThreadObject *self, PyObject *loop, PortObject *port) 
     PyObject *key = PyLong_FromVoidPtr(loop);
     PyObject *ref = key ? PyDict_GetItemWithError(self->ports, key) : NULL;
     if (ref) {
-        PyObject *target = weak_target(ref);
+        PyObject *target = ext_weak_target(ref);
         if (!port || !target || target == (PyObject *)port) (void)PyDict_DelItem(self->ports, key);
         Py_XDECREF(target);
     }
@@ -276,7 +277,7 @@ static PortObject *record(TimerThreadObject *self, PyObject *loop, PortObject *f
 /* A new port for `loop`, recorded and attached. */
 static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
     bt_port *bp;
-    int rc = bt_port_open(self->core, 1, &bp);
+    int rc = bt_port_open(self->core, 0, &bp); /* its fd: _attach's choice */
     if (rc) return (PortObject *)ext_raise_errno(rc, "bt_port_open");
     PortObject *fresh = ext_port_new(self, bp, loop, 0);
     if (!fresh) return NULL; /* bp is the core's, freed with it */
@@ -289,14 +290,16 @@ static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
         return port;
     }
     Py_DECREF(fresh);
-    PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, self->st->str_attach, loop,
-                                             (PyObject *)port, NULL);
-    if (!r) { /* refused: the hook's exception stands */
+    int fast = loop != Py_None ? ext_attach_fast(self, loop, port) : 0;
+    PyObject *r = fast ? NULL
+                       : PyObject_CallMethodObjArgs((PyObject *)self, self->st->str_attach, loop,
+                                                    (PyObject *)port, NULL);
+    if (fast < 0 || (!fast && !r)) { /* refused: the exception stands */
         forget_and_release(self, loop, port);
         Py_DECREF(port);
         return NULL;
     }
-    Py_DECREF(r);
+    Py_XDECREF(r);
     return port;
 }
 
@@ -407,7 +410,7 @@ static PyObject *TimerThread_get_ports(TimerThreadObject *self, void *Py_UNUSED(
     PyObject *refs = self->ports ? PyDict_Values(self->ports) : NULL;
     if (!out || (self->ports && !refs)) goto fail;
     for (Py_ssize_t i = 0; refs && i < PyList_GET_SIZE(refs); i++) {
-        PortObject *p = (PortObject *)weak_target(PyList_GET_ITEM(refs, i));
+        PortObject *p = (PortObject *)ext_weak_target(PyList_GET_ITEM(refs, i));
         int rc = p && p->loop ? PyDict_SetItem(out, p->loop, (PyObject *)p) : 0;
         Py_XDECREF(p);
         if (rc < 0) goto fail;
@@ -455,6 +458,82 @@ static PyObject *TimerThread_call_later(TimerThreadObject *self, PyObject *const
 static PyObject *TimerThread_call_at(TimerThreadObject *self, PyObject *const *args,
                                      Py_ssize_t nargs, PyObject *kwnames) {
     return call_later_or_at(self, args, PyVectorcall_NARGS(nargs), kwnames, 1);
+}
+
+/* The errors Python's own argument parsing gives a function
+ * `name(first, callback, /, *args, loop=None, context=None)`, in its order:
+ * a keyword it does not take (every positional-only name among the
+ * keywords if there is one, else the first such keyword), then a missing
+ * positional argument.  0 if the arguments fit. */
+static int check_module_args(const char *name, const char *first, Py_ssize_t nargs,
+                             PyObject *kwnames) {
+    Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *posonly = NULL, *unknown = NULL; /* (unknown: borrowed) */
+    for (Py_ssize_t i = 0; i < nk; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (PyUnicode_CompareWithASCIIString(k, "loop") == 0 ||
+            PyUnicode_CompareWithASCIIString(k, "context") == 0)
+            continue;
+        if (!unknown) unknown = k;
+        int is_posonly = PyUnicode_CompareWithASCIIString(k, first) == 0 ||
+                         PyUnicode_CompareWithASCIIString(k, "callback") == 0;
+        if (!is_posonly) continue;
+        if (posonly) {
+            PyObject *both = PyUnicode_FromFormat("%U, %U", posonly, k);
+            Py_SETREF(posonly, both);
+            if (!posonly) return -1;
+        } else {
+            posonly = Py_NewRef(k);
+        }
+    }
+    if (posonly) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() got some positional-only arguments passed as keyword arguments: '%U'",
+                     name, posonly);
+        Py_DECREF(posonly);
+        return -1;
+    }
+    if (unknown) {
+        PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, unknown);
+        return -1;
+    }
+    if (nargs == 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() missing 2 required positional arguments: '%s' and 'callback'", name,
+                     first);
+        return -1;
+    }
+    if (nargs == 1) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s() missing 1 required positional argument: 'callback'", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* bucketimer.call_later / call_at: the default TimerThread's, whichever it
+ * is when called. */
+static PyObject *module_call(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames, int absolute) {
+    if (check_module_args(absolute ? "call_at" : "call_later", absolute ? "when" : "delay",
+                          nargs, kwnames) < 0)
+        return NULL;
+    TimerThreadObject *tt = ext_default_tt(ext_state_of_module(m));
+    if (!tt) return NULL;
+    Py_INCREF(tt); /* scheduling runs Python code, which may replace the default */
+    PyObject *h = call_later_or_at(tt, args, nargs, kwnames, absolute);
+    Py_DECREF(tt);
+    return h;
+}
+
+PyObject *ext_module_call_later(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    return module_call(m, args, nargs, kwnames, 0);
+}
+
+PyObject *ext_module_call_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames) {
+    return module_call(m, args, nargs, kwnames, 1);
 }
 
 static PyObject *TimerThread_orphans(TimerThreadObject *self, PyObject *Py_UNUSED(ignored)) {
@@ -586,7 +665,21 @@ static PyMethodDef TimerThread_methods[] = {
      "waiting for a CPU; close() lets it go."},
     {NULL}};
 
+static PyObject *TimerThread_get_fast_attach(TimerThreadObject *self, void *Py_UNUSED(c)) {
+    return PyBool_FromLong(self->fast_attach);
+}
+
+static int TimerThread_set_fast_attach(TimerThreadObject *self, PyObject *v, void *Py_UNUSED(c)) {
+    int on = v ? PyObject_IsTrue(v) : 0;
+    if (on < 0) return -1;
+    self->fast_attach = on;
+    return 0;
+}
+
 static PyGetSetDef TimerThread_getset[] = {
+    {"_fast_attach", (getter)TimerThread_get_fast_attach, (setter)TimerThread_set_fast_attach,
+     "True while a loop's new port may be connected in C (ext/attach.c): set by the "
+     "subclass once its dispatcher audits the loops.", NULL},
     {"closed", (getter)TimerThread_get_closed, NULL, "True once close() was called.", NULL},
     {"_ports", (getter)TimerThread_get_ports, NULL, "{loop: Port} of the loops served.", NULL},
     {"_dispatcher", (getter)TimerThread_get_dispatcher, NULL,

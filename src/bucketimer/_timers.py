@@ -3,12 +3,13 @@
 The hot path (``call_later``, ``call_at``, ``Handle.cancel``, ``Port.drain``,
 the poll's look at what is due) is C, in ``ext/``, and so is the record of
 where timers go (each loop's port, the dispatcher's) and the process-wide
-default TimerThread.  This module does what only Python can, once per loop or
-once per TimerThread: connecting a new port to its consumer
-(``loop.add_reader``, the loop's selector wrapped in a ``PollStamp``, a hook
-on ``loop.close``, the dispatcher thread for timers scheduled outside any
-loop), detaching it when the loop closes, closing (or being collected), and
-what happens at fork() and at exit.
+default TimerThread.  This module does the rest, once per loop or once per
+TimerThread: connecting a new port to its consumer (the loop's selector
+wrapped in a ``PollStamp``, the port's wake through the loop's self-pipe or
+an eventfd and ``loop.add_reader``, a hook on ``loop.close``; the dispatcher
+thread for timers scheduled outside any loop) -- which ``ext/attach.c`` does
+in C for a TimerThread's later loops -- detaching it when the loop closes,
+closing (or being collected), and what happens at fork() and at exit.
 """
 
 from __future__ import annotations
@@ -16,17 +17,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import functools
 import gc
 import math
 import os
 import select
 import selectors
+import socket
 import threading
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVarTuple, Unpack
+from typing import TYPE_CHECKING, Any, TypeVarTuple, Unpack
 
 from . import _core, _pending
 from ._reporting import SLOW_CALLBACK_DURATION, logger, report_dropped_at_exit
@@ -34,6 +37,7 @@ from ._reporting import check_slow_callback_duration as _check_slow
 from ._reporting import loop_reporter as _make_loop_reporter
 from ._reporting import report_slow_callback as _report_slow
 from ._reporting import report_to_log as _report_to_log
+from ._reporting import report_to_loop as _report_to_loop
 from ._stats import Stats
 
 _Ts = TypeVarTuple("_Ts")
@@ -93,14 +97,17 @@ class TimerThread(_core.TimerThread):
     def _attach(self, loop: Any, port: _core.Port) -> None:
         """Connects a port the native base has just opened and recorded for
         ``loop`` (None: the dispatcher's) to its consumer.  Called once per
-        port, by the first timer that goes there; raising refuses the port,
-        which the base then forgets and releases."""
+        port, by the first timer that goes there, unless ``ext/attach.c``
+        connected it (the same changes, for a loop armed from inside once
+        ``_fast_attach`` is set); raising refuses the port, which the base
+        then forgets and releases."""
         with self._lock:
             if self._closing:
                 raise RuntimeError("TimerThread is closed")
             if loop is None:
                 port.on_error = _report_to_log
                 _time_callbacks(port, self._slow_after)
+                port._wake_by()
                 self._start_dispatcher(port)
                 return
             port.on_error = _make_loop_reporter(loop)
@@ -111,14 +118,30 @@ class TimerThread(_core.TimerThread):
             if not self._audits:
                 self._audits = True
                 self._poke_dispatcher()
+            # The next loops' ports may be connected in C (ext/attach.c),
+            # which does what this method does for a loop armed from inside.
+            self._fast_attach = True
             closed = self._watch_close(loop)
-        fd = port.fileno()
-        if closed or fd < 0:  # the loop's close detached it meanwhile
-            raise RuntimeError("cannot schedule on a closed event loop")
         in_loop = (asyncio.events._get_running_loop() is loop
                    or loop is getattr(_made, "loop", None))
+        # Inside the loop, its poll is ours to watch; then, if it is
+        # asyncio's own, the port wakes it through its self-pipe, with no fd
+        # of its own to register (docs/design.rst, "Waking a stock loop").
+        stamp = _poll_stamp(loop) if in_loop else None
+        sock, peer = _self_pipe(loop) if stamp is not None else (-1, -1)
+        if not closed:
+            if stamp is not None and sock >= 0 and peer >= 0:
+                stamp._watch(port)  # before the first wake can come
+            else:
+                sock = -1
+            try:
+                port._wake_by(sock, peer)
+            except RuntimeError:  # the loop's close detached it meanwhile
+                closed = True
+        if closed:
+            raise RuntimeError("cannot schedule on a closed event loop")
         if in_loop:
-            _connect(loop, port)
+            _connect(loop, port, stamp)
         else:
             # Not from inside the loop: its selector is its own thread's
             # (asyncio is not thread-safe, even for a loop that is not
@@ -179,7 +202,7 @@ class TimerThread(_core.TimerThread):
         if port is None:
             return
         fd = port.fileno()
-        if fd >= 0 and not loop.is_closed():
+        if fd >= 0 and not port.wakes_socket and not loop.is_closed():
             try:
                 loop.remove_reader(fd)
             except Exception:  # a loop half torn down: nothing to unregister
@@ -252,11 +275,13 @@ class TimerThread(_core.TimerThread):
             # A copy inherited through fork(): another thread of the parent
             # may have held _lock at the fork, and nobody would release it.
             self._closing = True
+            self._fast_attach = False
             return
         with self._lock:
             if self._closing:
                 return
             self._closing = True
+            self._fast_attach = False
         try:
             self._close_core()
         except RuntimeError:  # not joined, nothing dropped: a later close() retries
@@ -314,7 +339,7 @@ def _time_callbacks(port: _core.Port, slow_after: float | None) -> None:
 
 def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
     if port.fileno() >= 0 and not loop.is_closed():
-        _connect(loop, port)
+        _connect(loop, port, _poll_stamp(loop))
 
 
 #: The loop whose constructor opens its port (``open_port_of``): no other
@@ -335,13 +360,14 @@ def open_port_of(loop: Any, tt: TimerThread) -> None:
         _made.loop = None
 
 
-def _connect(loop: Any, port: _core.Port) -> None:
-    """In the loop's thread: the port's drain becomes the loop's reader of
-    its eventfd, and its poll watches the port (``_poll_stamp``)."""
-    # (no key of a closed eventfd can be left for this fd number: every path
-    # that detaches the port of a live loop removes its reader first)
-    loop.add_reader(port.fileno(), port.drain)
-    stamp = _poll_stamp(loop)
+def _connect(loop: Any, port: _core.Port, stamp: PollStamp | None) -> None:
+    """In the loop's thread: its poll (``stamp``, the loop's ``_poll_stamp``)
+    watches the port, and unless the port wakes the loop's self-pipe, the
+    port's drain becomes the loop's reader of its eventfd."""
+    if not port.wakes_socket:
+        # (no key of a closed eventfd can be left for this fd number: every
+        # path that detaches the port of a live loop removes its reader first)
+        loop.add_reader(port.fileno(), port.drain)
     if stamp is not None:
         stamp._watch(port)
 
@@ -374,6 +400,14 @@ class PollStamp(_core.PollStamp, selectors.BaseSelector):
     def close(self) -> None:
         self.selector.close()
 
+    def _wake_event(self, port: _core.Port) -> tuple[selectors.SelectorKey, int]:
+        """What a poll's events get to queue ``port.drain`` when the port
+        wakes the loop through its self-pipe: the key asyncio's
+        ``add_reader`` would have made, read as the loop reads its own."""
+        handle = asyncio.Handle(port.drain, (), port.loop, None)  # type: ignore[arg-type]
+        key = selectors.SelectorKey(port, port.fileno(), selectors.EVENT_READ, (handle, None))
+        return key, selectors.EVENT_READ
+
 
 def _public_api_forced(name: str) -> bool:
     """``BUCKETIMER_PUBLIC_API`` as ``ext/compat.c`` reads it: "1" turns every
@@ -390,6 +424,60 @@ def _public_api_forced(name: str) -> bool:
 # the loop's timers reach it through its eventfd alone, up to a timer
 # thread's pass later (docs/design.rst, "Order on the loop").
 _WRAP_SELECTOR = not _public_api_forced("loop_selector")
+
+
+# Waking a stock loop through its self-pipe reads asyncio's private
+# ``loop._csock`` and counts on the order in which its ``_process_events``
+# queues a poll's events; only where the loop's class keeps asyncio's own
+# methods for both (_self_pipe_wakes), and never with BUCKETIMER_PUBLIC_API:
+# then the port has an eventfd and a reader of its own.
+_WAKE_SELF_PIPE = not _public_api_forced("loop_csock")
+
+
+@functools.lru_cache(maxsize=64)
+def _self_pipe_wakes(cls: Any) -> bool:
+    """Whether a loop of class ``cls`` is asyncio's selector loop in what
+    a self-pipe wake counts on: a zero byte on ``_csock`` wakes its poll and
+    is discarded by its reader (``_read_from_self``, ``_process_self_data``),
+    and a poll's events are queued in their order (``_process_events``)."""
+    base = asyncio.selector_events.BaseSelectorEventLoop
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        return False
+    own: Any = base  # (asyncio's private methods, which its stubs leave out)
+    own_self_data = {own._process_self_data}
+    unix = getattr(asyncio, "unix_events", None)
+    if unix is not None:
+        own_self_data.add(unix._UnixSelectorEventLoop._process_self_data)
+    mine: Any = cls
+    return bool(mine._process_events is own._process_events
+                and mine._read_from_self is own._read_from_self
+                and mine._add_callback is own._add_callback
+                and mine._process_self_data in own_self_data)
+
+
+def _attach_class(cls: Any) -> bool:
+    """Whether a port of a loop of class ``cls`` may be connected in C
+    (``ext/attach.c``): a loop whose self-pipe may wake it, whose selector may
+    be wrapped, whose close bucketimer does not take care of otherwise, and
+    whose attributes are read and set as any object's."""
+    return bool(_WAKE_SELF_PIPE and _WRAP_SELECTOR and _self_pipe_wakes(cls)
+                and not getattr(cls, "_bt_closes_ports", False)
+                and cls.__getattribute__ is object.__getattribute__
+                and cls.__setattr__ is object.__setattr__
+                and cls.__dictoffset__ != 0)
+
+
+def _self_pipe(loop: Any) -> tuple[int, int]:
+    """The fds of ``loop``'s self-pipe, the end asyncio writes its wakes to
+    and the end its reader reads, if the loop may be woken through it; else
+    (-1, -1)."""
+    cls: Any = type(loop)
+    if not (_WAKE_SELF_PIPE and _self_pipe_wakes(cls)):
+        return -1, -1
+    csock, ssock = getattr(loop, "_csock", None), getattr(loop, "_ssock", None)
+    if type(csock) is not socket.socket or type(ssock) is not socket.socket:
+        return -1, -1
+    return csock.fileno(), ssock.fileno()
 
 
 def _poll_stamp(loop: Any) -> PollStamp | None:
@@ -457,7 +545,7 @@ def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
                 tt._audit_loops()
                 with tt._lock:  # none left: sleep until the next first loop
                     if not tt._ports:
-                        tt._audits = False
+                        tt._audits = tt._fast_attach = False
             del tt
     finally:
         os.close(wake_r)
@@ -481,18 +569,22 @@ def default_timer_thread() -> TimerThread:
     return _core.default_timer_thread()  # type: ignore[return-value]  # (_set_default_class)
 
 
-def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
-               loop: asyncio.AbstractEventLoop | None = None,
-               context: contextvars.Context | None = None) -> _core.Handle:
-    """``default_timer_thread().call_later(...)``."""
-    return default_timer_thread().call_later(delay, callback, *args, loop=loop, context=context)
+if TYPE_CHECKING:
+    def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
+                   loop: asyncio.AbstractEventLoop | None = None,
+                   context: contextvars.Context | None = None) -> _core.Handle:
+        """``default_timer_thread().call_later(...)``."""
 
-
-def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
-            loop: asyncio.AbstractEventLoop | None = None,
-            context: contextvars.Context | None = None) -> _core.Handle:
-    """``default_timer_thread().call_at(...)``."""
-    return default_timer_thread().call_at(when, callback, *args, loop=loop, context=context)
+    def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
+                loop: asyncio.AbstractEventLoop | None = None,
+                context: contextvars.Context | None = None) -> _core.Handle:
+        """``default_timer_thread().call_at(...)``."""
+else:
+    # C, and the default TimerThread's: a Python frame in front costs a new
+    # loop's first timer about a third of what asyncio's first call_later
+    # costs (docs/performance.rst, "A short-lived loop").
+    call_later = _core.call_later
+    call_at = _core.call_at
 
 
 def _after_fork_in_child() -> None:
@@ -556,3 +648,5 @@ if os.environ.get("BUCKETIMER_LAZY_START", "") in ("", "0"):
 
 # The native module makes the default (and the timeouts' TimerThread) of this class.
 _core._set_default_class(TimerThread)
+_core._set_attach(_attach_class, PollStamp, _report_to_loop, socket.socket,
+                  selectors.BaseSelector, functools.partial)

@@ -496,6 +496,35 @@ def test_bad_keyword_and_too_few_arguments(mtt):
     sentinels.check()
 
 
+def _reference_call_later(delay, callback, /, *args, loop=None, context=None):
+    return None
+
+
+def _reference_call_at(when, callback, /, *args, loop=None, context=None):
+    return None
+
+
+# a keyword or two of every kind: taken, positional-only, unknown
+_KEYWORD_SETS = [{}, {"bogus": 1}, {"delay": 1}, {"when": 1}, {"callback": print},
+                 {"bogus": 1, "delay": 2, "callback": print}, {"delay": 1, "bogus": 2},
+                 {"loops": None}, {"context": None, "bogus": 1}]
+
+
+@pytest.mark.parametrize("nargs", [0, 1])
+@pytest.mark.parametrize("kwargs", _KEYWORD_SETS, ids=lambda k: ",".join(k) or "none")
+@pytest.mark.parametrize("name", ["call_later", "call_at"])
+def test_the_module_functions_refuse_arguments_in_pythons_words(name, kwargs, nargs):
+    """bucketimer.call_later/call_at (C on the native backend) raise what
+    a Python function of their signature raises, word for word."""
+    ref = globals()[f"_reference_{name}"]
+    args = (0,)[:nargs]
+    with pytest.raises(TypeError) as want:
+        ref(*args, **kwargs)
+    with pytest.raises(TypeError) as got:
+        getattr(bucketimer, name)(*args, **kwargs)
+    assert str(got.value) == str(want.value).replace("_reference_", "")
+
+
 # -- wrong loops ---------------------------------------------------------------------------
 
 

@@ -1,0 +1,267 @@
+/*
+ * attach.c -- a stock loop's new port, connected in C.
+ *
+ * The first bucketimer timer that goes to a loop opens the loop's port
+ * (timer_thread_type.c, open_port), and _timers.TimerThread._attach
+ * connects it: the loop's error reporter, a hook on its close, its
+ * selector's PollStamp and the port's wake.  In the usual case -- a timer
+ * armed inside the running loop, a loop class that _timers has vetted once
+ * (_attach_class: asyncio's selector loop in everything this reads), a
+ * TimerThread whose dispatcher already audits its loops (_fast_attach) --
+ * this does the same here, where the Python method would cost a short-lived
+ * loop more than asyncio's own first timer does (docs/design.rst, "Waking a
+ * stock loop").  It reads only; once it has found everything it needs, it
+ * makes its changes; anything it does not find leaves the port to _attach.
+ *
+ * Also here: CloseHook, the callable set as the loop's `close`, which detaches
+ * the port (TimerThread._loop_closing) before the loop's own close runs.
+ */
+#include "module.h"
+
+#include <limits.h>
+
+/* ---- CloseHook ------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *tt_ref; /* weakref to the TimerThread */
+    PyObject *loop;
+    PyObject *orig; /* the close it stands in front of */
+} CloseHookObject;
+#define CLOSEHOOK_REFS(X) X(tt_ref) X(loop) X(orig)
+
+EXT_GC_TRAVERSE(CloseHook, CloseHookObject, CLOSEHOOK_REFS)
+EXT_GC_CLEAR(CloseHook, CloseHookObject, CLOSEHOOK_REFS)
+
+static void CloseHook_dealloc(CloseHookObject *self) {
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    CloseHook_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+/* Takes this hook off the loop, if it is still there: once the loop is
+ * closed there is nothing left to watch, and the cycle through the loop's
+ * __dict__ would leave the loop to the cycle collector. */
+static int unhook(CloseHookObject *self, PyObject *loop, ext_state *st) {
+    PyObject *d = PyObject_GenericGetDict(loop, NULL);
+    if (!d) return -1;
+    PyObject *cur = PyDict_GetItemWithError(d, st->str_close); /* borrowed, used at once */
+    int rc = cur == (PyObject *)self ? PyDict_DelItem(d, st->str_close)
+                                     : (PyErr_Occurred() ? -1 : 0);
+    Py_DECREF(d);
+    return rc;
+}
+
+static PyObject *CloseHook_vectorcall(CloseHookObject *self, PyObject *const *args,
+                                      size_t nargsf, PyObject *kwnames) {
+    (void)args;
+    if (PyVectorcall_NARGS(nargsf) || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "close() takes no arguments");
+        return NULL;
+    }
+    ext_state *st = ext_state_of_type(Py_TYPE(self));
+    if (!st) return NULL;
+    /* held: everything below runs Python code, which may clear this hook */
+    PyObject *loop = Py_XNewRef(self->loop), *orig = Py_XNewRef(self->orig);
+    PyObject *tt = self->tt_ref ? ext_weak_target(self->tt_ref) : NULL;
+    PyObject *r = NULL;
+    if (!loop || !orig) {
+        PyErr_SetString(PyExc_RuntimeError, "this close hook was cleared");
+        goto done;
+    }
+    if (tt) {
+        PyObject *c = PyObject_CallMethodOneArg(tt, st->str_loop_closing, loop);
+        if (!c) goto done;
+        Py_DECREF(c);
+    }
+    r = PyObject_CallNoArgs(orig);
+    if (r && unhook(self, loop, st) < 0) Py_CLEAR(r);
+done:
+    Py_XDECREF(tt);
+    Py_XDECREF(loop);
+    Py_XDECREF(orig);
+    return r;
+}
+
+static PyObject *CloseHook_repr(CloseHookObject *self) {
+    return self->orig ? PyUnicode_FromFormat("<bucketimer close hook of %R>", self->orig)
+                      : PyUnicode_FromString("<bucketimer close hook (cleared)>");
+}
+
+static PyMemberDef CloseHook_members[] = {
+    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(CloseHookObject, vectorcall), Py_READONLY,
+     NULL},
+    {NULL}};
+
+static PyType_Slot CloseHook_slots[] = {
+    {Py_tp_doc, "A loop's close(), detaching bucketimer's port of the loop first."},
+    {Py_tp_dealloc, CloseHook_dealloc},
+    {Py_tp_traverse, CloseHook_traverse},
+    {Py_tp_clear, CloseHook_clear},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_repr, CloseHook_repr},
+    {Py_tp_members, CloseHook_members},
+    {0, NULL}};
+
+PyType_Spec CloseHook_spec = {
+    .name = "bucketimer._core.CloseHook",
+    .basicsize = sizeof(CloseHookObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_VECTORCALL,
+    .slots = CloseHook_slots,
+};
+
+static PyObject *new_close_hook(ext_state *st, PyObject *tt, PyObject *loop, PyObject *orig) {
+    PyObject *ref = PyWeakref_NewRef(tt, NULL); /* (the TimerThread's one plain ref, reused) */
+    if (!ref) return NULL;
+    CloseHookObject *o = PyObject_GC_New(CloseHookObject, st->CloseHook_Type);
+    if (!o) {
+        Py_DECREF(ref);
+        return NULL;
+    }
+    o->vectorcall = (vectorcallfunc)CloseHook_vectorcall;
+    o->tt_ref = ref;
+    o->loop = Py_NewRef(loop);
+    o->orig = Py_NewRef(orig);
+    PyObject_GC_Track(o);
+    return (PyObject *)o;
+}
+
+/* ---- the vetting of a loop class --------------------------------------------- */
+
+/* How many verdicts are kept: a program has a loop class or two, a test
+ * suite may make many (the cache is emptied when full, and holds them). */
+#define VETTED_CLASSES_MAX 64
+
+/* 1 if _timers vetted the class of `loop` for this path, 0 if not, -1 with
+ * an exception.  The verdict is kept per class (a class's methods are not
+ * expected to change once it has loops). */
+static int class_vetted(ext_state *st, PyObject *loop) {
+    PyObject *cls = (PyObject *)Py_TYPE(loop);
+    PyObject *v = PyDict_GetItemWithError(st->attach_classes, cls); /* borrowed, used at once */
+    if (v) return v == Py_True;
+    if (PyErr_Occurred()) return -1;
+    v = PyObject_CallOneArg(st->attach_class, cls);
+    if (!v) return -1;
+    int ok = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (ok < 0) return -1;
+    if (PyDict_GET_SIZE(st->attach_classes) >= VETTED_CLASSES_MAX) PyDict_Clear(st->attach_classes);
+    if (PyDict_SetItem(st->attach_classes, cls, ok ? Py_True : Py_False) < 0) return -1;
+    return ok;
+}
+
+/* The fd of `loop`'s socket attribute `name` (a socket.socket), or -1 if it
+ * is none; -2 with an exception. */
+static long socket_fd(ext_state *st, PyObject *loop, PyObject *name) {
+    PyObject *sock;
+    if (optional_attr(loop, name, &sock) < 0) return -2;
+    if (!sock) return -1;
+    long fd = -1;
+    if (Py_IS_TYPE(sock, (PyTypeObject *)st->socket_type)) {
+        PyObject *r = PyObject_CallMethodNoArgs(sock, st->str_fileno);
+        fd = r ? PyLong_AsLong(r) : -2;
+        Py_XDECREF(r);
+        if (fd == -1 && PyErr_Occurred()) fd = -2;
+        if (fd > INT_MAX) fd = -1;
+    }
+    Py_DECREF(sock);
+    return fd;
+}
+
+/* ---- the attach ---------------------------------------------------------------- */
+
+int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
+    ext_state *st = self->st;
+    if (!self->fast_attach || !st->attach_class || !st->stamp_class) return 0;
+    PyObject *running = ext_running_loop(&st->compat);
+    if (!running) return -1;
+    Py_DECREF(running); /* (compared only) */
+    if (running != loop) return 0;
+    int ok = class_vetted(st, loop);
+    if (ok <= 0) return ok;
+
+    /* What it needs, read without changing anything. */
+    long csock = socket_fd(st, loop, st->str_csock);
+    if (csock == -2) return -1;
+    long ssock = csock >= 0 ? socket_fd(st, loop, st->str_ssock) : -1;
+    if (ssock == -2) return -1;
+    if (csock < 0 || ssock < 0) return 0;
+    PyObject *selector;
+    if (optional_attr(loop, st->str_selector, &selector) < 0) return -1;
+    if (!selector) return 0;
+    int is_stamp = PyObject_TypeCheck(selector, (PyTypeObject *)st->stamp_class);
+    if (!is_stamp) {
+        int wrappable = PyObject_IsInstance(selector, st->BaseSelector);
+        if (wrappable <= 0) {
+            Py_DECREF(selector);
+            return wrappable;
+        }
+    }
+    PyObject *orig = PyObject_GetAttr(loop, st->str_close);
+    if (!orig) {
+        Py_DECREF(selector);
+        return -1;
+    }
+
+    /* Its changes: the same as _attach's, in the same order. */
+    int rc = -1;
+    PyObject *stamp = NULL, *hook = NULL, *reporter = NULL;
+    reporter = PyObject_CallFunctionObjArgs(st->partial, st->report_to_loop, loop, NULL);
+    if (!reporter) goto done;
+    Py_XSETREF(port->on_error, reporter);
+    if (!(hook = new_close_hook(st, (PyObject *)self, loop, orig))) goto done;
+    if (PyObject_SetAttr(loop, st->str_close, hook) < 0) goto done;
+    if (is_stamp) {
+        stamp = Py_NewRef(selector);
+    } else {
+        if (!(stamp = PyObject_CallOneArg(st->stamp_class, selector))) goto done;
+        if (PyObject_SetAttr(loop, st->str_selector, stamp) < 0) goto done;
+    }
+    if (ext_poll_stamp_watch((PollStampObject *)stamp, port) < 0) goto done;
+    int wrc = bt_port_wake_by(port->port, (int32_t)csock);
+    if (wrc == -EINVAL) { /* detached: the loop's close ran meanwhile */
+        PyErr_SetString(PyExc_RuntimeError, "cannot schedule on a closed event loop");
+        goto done;
+    }
+    if (wrc) {
+        ext_raise_errno(wrc, "wake_by");
+        goto done;
+    }
+    port->wake_peer = ssock;
+    rc = 1;
+done:
+    Py_XDECREF(stamp);
+    Py_XDECREF(hook);
+    Py_DECREF(orig);
+    Py_DECREF(selector);
+    return rc;
+}
+
+/* _core._set_attach(attach_class, stamp_class, report_to_loop, socket,
+ * BaseSelector, partial): what ext_attach_fast calls and compares with,
+ * registered by _timers as it is imported. */
+PyObject *ext_set_attach(PyObject *m, PyObject *args) {
+    ext_state *st = ext_state_of_module(m);
+    PyObject *attach_class, *stamp_class, *report, *socket_type, *base_selector, *partial;
+    if (!PyArg_ParseTuple(args, "OO!OO!OO:_set_attach", &attach_class, &PyType_Type, &stamp_class,
+                          &report, &PyType_Type, &socket_type, &base_selector, &partial))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)stamp_class, st->PollStamp_Type)) {
+        PyErr_SetString(PyExc_TypeError, "stamp_class must be a PollStamp subclass");
+        return NULL;
+    }
+    PyObject *classes = PyDict_New();
+    if (!classes) return NULL;
+    Py_XSETREF(st->attach_classes, classes);
+    Py_XSETREF(st->attach_class, Py_NewRef(attach_class));
+    Py_XSETREF(st->stamp_class, Py_NewRef(stamp_class));
+    Py_XSETREF(st->report_to_loop, Py_NewRef(report));
+    Py_XSETREF(st->socket_type, Py_NewRef(socket_type));
+    Py_XSETREF(st->BaseSelector, Py_NewRef(base_selector));
+    Py_XSETREF(st->partial, Py_NewRef(partial));
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,227 @@
+"""A stock loop's port is connected the same way whether C does it
+(``ext/attach.c``, every loop after a TimerThread's first, armed from inside
+the running loop) or ``TimerThread._attach`` does (the first, and whatever C
+does not take): the same wake, poll, close hook and error reports
+(docs/design.rst, "Waking a stock loop")."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import bucketimer
+
+# Ports are the native backend's.
+pytestmark = pytest.mark.native
+
+
+@pytest.fixture
+def tt() -> Iterator[bucketimer.TimerThread]:
+    timer_thread = bucketimer.TimerThread()
+    try:
+        yield timer_thread
+    finally:
+        timer_thread.close()
+
+
+def _connected_in_c(loop: Any) -> bool:
+    return type(loop.__dict__.get("close")).__name__ == "CloseHook"
+
+
+def _life(tt: bucketimer.TimerThread, loop: Any) -> dict[str, Any]:
+    """What a loop sees of its port: made by a first timer from inside the
+    loop, a callback that raises, a timer left pending at close."""
+    reports: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: reports.append(ctx))
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    async def main() -> Any:
+        fut = loop.create_future()
+        tt.call_later(0.001, ran.append, "first")
+        tt.call_later(0.002, boom)
+        tt.call_later(0.003, fut.set_result, None)
+        await fut
+        return tt.call_later(30, ran.append, "never")
+
+    pending = loop.run_until_complete(main())
+    port = tt._ports[loop]
+    seen = {
+        "in C": _connected_in_c(loop),
+        "wakes its self-pipe": port.wakes_socket,
+        "its poll watches it": port.stamp is loop._selector,
+        "fd registered": port.fileno() in {k.fd for k in loop._selector.get_map().values()},
+        "ran": list(ran),
+        "reports": [(r["message"], type(r["exception"]).__name__, type(r["handle"]).__name__)
+                    for r in reports],
+    }
+    loop.close()
+    seen.update({
+        "close hook left": "close" in loop.__dict__,
+        "fd after close": port.fileno(),
+        "pending dropped": pending.cancel() is False and not pending.cancelled(),
+        "ran after close": list(ran),
+    })
+    return seen
+
+
+def test_c_connects_a_loop_as_attach_does(tt: bucketimer.TimerThread) -> None:
+    first = _life(tt, asyncio.SelectorEventLoop())  # the TimerThread's first loop: _attach
+    assert tt._fast_attach
+    second = _life(tt, asyncio.SelectorEventLoop())
+    assert (first.pop("in C"), second.pop("in C")) == (False, True)
+    assert first == second
+    assert first["wakes its self-pipe"] and not first["fd registered"]
+    assert first["ran"] == ["first"]
+    assert first["reports"] == [(first["reports"][0][0], "ValueError", "Handle")]
+    assert first["reports"][0][0].startswith("Exception in callback ")
+
+
+class _OwnSetattr(asyncio.SelectorEventLoop):
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+
+
+class _OwnEvents(asyncio.SelectorEventLoop):
+    def _process_events(self, event_list: Any) -> None:
+        super()._process_events(event_list)
+
+
+@pytest.mark.parametrize("make", [_OwnSetattr, _OwnEvents], ids=lambda c: c.__name__)
+def test_a_loop_class_c_does_not_vet_is_left_to_attach(tt: bucketimer.TimerThread,
+                                                       make: type) -> None:
+    _life(tt, asyncio.SelectorEventLoop())
+    seen = _life(tt, make())
+    assert not seen["in C"]
+    assert seen["ran"] == ["first"] and not seen["close hook left"]
+    assert seen["wakes its self-pipe"] == (make is _OwnSetattr)
+
+
+def test_a_loop_whose_self_pipe_is_not_a_socket_is_left_to_attach(
+        tt: bucketimer.TimerThread) -> None:
+    _life(tt, asyncio.SelectorEventLoop())
+    loop = asyncio.SelectorEventLoop()
+    real = loop._csock  # type: ignore[attr-defined]
+    loop._csock = _SocketLike(real)  # type: ignore[attr-defined]
+    try:
+        async def main() -> Any:
+            fut = loop.create_future()
+            tt.call_later(0.001, fut.set_result, "ran")
+            return await fut
+
+        assert loop.run_until_complete(main()) == "ran"
+        assert not _connected_in_c(loop)
+        assert not tt._ports[loop].wakes_socket  # an eventfd of its own
+    finally:
+        loop._csock = real  # type: ignore[attr-defined]
+        loop.close()
+
+
+class _SocketLike:
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_the_close_hook_of_a_running_loop_refuses_as_asyncio_does(
+        tt: bucketimer.TimerThread) -> None:
+    _life(tt, asyncio.SelectorEventLoop())
+    loop = asyncio.SelectorEventLoop()
+
+    async def main() -> Any:
+        h = tt.call_later(0.001, lambda: None)
+        with pytest.raises(RuntimeError, match="Cannot close a running event loop"):
+            loop.close()
+        return h
+
+    loop.run_until_complete(main())
+    assert _connected_in_c(loop)
+    port = tt._ports[loop]
+    assert port.fileno() >= 0  # kept its port
+    loop.close()
+    assert port.fileno() == -1 and "close" not in loop.__dict__
+
+
+def test_a_close_hook_outliving_its_timer_thread_closes_the_loop() -> None:
+    tt = bucketimer.TimerThread()
+    _life(tt, asyncio.SelectorEventLoop())
+    loop = asyncio.SelectorEventLoop()
+
+    async def main(tt: bucketimer.TimerThread) -> None:
+        tt.call_later(30, lambda: None)
+
+    loop.run_until_complete(main(tt))
+    assert _connected_in_c(loop)
+    ref = weakref.ref(tt)
+    tt.close()
+    del tt
+    gc.collect()
+    assert ref() is None
+    loop.close()
+    assert loop.is_closed() and "close" not in loop.__dict__
+
+
+def test_a_closed_timer_thread_connects_no_loop_in_c() -> None:
+    tt = bucketimer.TimerThread()
+    _life(tt, asyncio.SelectorEventLoop())
+    assert tt._fast_attach
+    tt.close()
+    assert not tt._fast_attach
+    loop = asyncio.SelectorEventLoop()
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="closed"):
+            tt.call_later(0.001, lambda: None)
+
+    try:
+        loop.run_until_complete(main())
+        assert "close" not in loop.__dict__
+    finally:
+        loop.close()
+
+
+def test_a_dropped_loop_connected_in_c_is_collected(tt: bucketimer.TimerThread) -> None:
+    _life(tt, asyncio.SelectorEventLoop())
+    loop = asyncio.SelectorEventLoop()
+
+    async def main() -> None:
+        tt.call_later(30, lambda: None)
+
+    loop.run_until_complete(main())
+    assert _connected_in_c(loop)
+    port = weakref.ref(tt._ports[loop])
+    loop.close()
+    ref = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert ref() is None and port() is None
+
+
+def test_two_hundred_short_loops_connected_in_c_each_run_their_timer(
+        tt: bucketimer.TimerThread) -> None:
+    """Many short loops, each connected in C, each running its timers."""
+    _life(tt, asyncio.SelectorEventLoop())
+    t0 = time.monotonic()
+    for i in range(200):
+        loop = asyncio.SelectorEventLoop()
+        try:
+            async def main(i: int = i) -> int:
+                fut = asyncio.get_running_loop().create_future()
+                tt.call_later(0.0005, fut.set_result, i)
+                return await fut
+
+            assert loop.run_until_complete(main()) == i
+            assert _connected_in_c(loop)
+        finally:
+            loop.close()
+    assert time.monotonic() - t0 < 20
