@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import operator
 import os
 import threading
 import time
+import types
 from collections.abc import Callable
-from typing import TypeVarTuple, Unpack
+from typing import TYPE_CHECKING, Any, TypeVarTuple, Unpack
 
 from .._reporting import report_dropped_at_exit
 from ._handle import Handle
@@ -32,6 +34,7 @@ def default_timer_thread() -> TimerThread:
             tt = _default
             if tt is None or tt.closed:
                 tt = _default = TimerThread()
+                _Current.sched = tt._sched
     return tt
 
 
@@ -44,26 +47,70 @@ def deliver_due(loop: asyncio.AbstractEventLoop) -> None:
         tt._sched.deliver_due(loop)
 
 
-def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
-               loop: asyncio.AbstractEventLoop | None = None,
-               context: contextvars.Context | None = None) -> Handle:
-    """``default_timer_thread().call_later(...)``."""
-    tt = _default
-    if tt is None or tt._sched._closed:
-        tt = default_timer_thread()
-    if loop is None and context is None:  # (a call without keywords costs less)
-        return tt.call_later(delay, callback, *args)
-    return tt.call_later(delay, callback, *args, loop=loop, context=context)
+class _Closed:
+    """A scheduler that is closed: what the view reads before there is a
+    default TimerThread, and after fork()."""
+
+    _closed = True
 
 
-def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
-            loop: asyncio.AbstractEventLoop | None = None,
-            context: contextvars.Context | None = None) -> Handle:
-    """``default_timer_thread().call_at(...)``."""
-    tt = _default
-    if tt is None or tt._sched._closed:
-        tt = default_timer_thread()
-    return tt.call_at(when, callback, *args, loop=loop, context=context)
+class _Current:
+    """The default TimerThread's scheduler, as the view reads it."""
+
+    sched: Any = _Closed()
+
+
+class _DefaultView(TimerThread):
+    """The default TimerThread, whichever it is when called.
+    ``bucketimer.call_later`` and ``call_at`` are TimerThread's own methods
+    bound to this view, whose ``_sched`` is the default's (a read of a class
+    attribute, no Python frame): a function in front of them cost a new
+    loop's first timer about a quarter of asyncio's first ``call_later``
+    (docs/performance.rst, "A short-lived loop").  A closed scheduler
+    (none yet, the default closed, a fork) sends the call to
+    ``default_timer_thread()``, which makes a new default."""
+
+    _current = _Current
+    _sched = property(operator.attrgetter("_current.sched"))
+
+    def __init__(self) -> None:  # (nothing of its own to make)
+        pass
+
+    def _reopened(self) -> TimerThread:
+        return default_timer_thread()
+
+    def __del__(self, _warn: Any = None) -> None:  # (it closes nothing: it has nothing)
+        pass
+
+    def __repr__(self) -> str:
+        return "<bucketimer's default TimerThread, whichever it is>"
+
+
+def _module_function(method: Any, name: str) -> Any:
+    """``method`` (TimerThread's) bound to the view, under the name a module
+    function of that signature has: Python's argument errors name it so, as
+    the native backend's do."""
+    f = types.FunctionType(method.__code__, method.__globals__, name, method.__defaults__,
+                           method.__closure__)
+    f.__kwdefaults__ = method.__kwdefaults__
+    f.__qualname__ = name
+    f.__doc__ = f"``default_timer_thread().{name}(...)``."
+    return types.MethodType(f, _DefaultView())
+
+
+if TYPE_CHECKING:
+    def call_later(delay: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
+                   loop: asyncio.AbstractEventLoop | None = None,
+                   context: contextvars.Context | None = None) -> Handle:
+        """``default_timer_thread().call_later(...)``."""
+
+    def call_at(when: float, callback: Callable[[Unpack[_Ts]], object], /, *args: *_Ts,
+                loop: asyncio.AbstractEventLoop | None = None,
+                context: contextvars.Context | None = None) -> Handle:
+        """``default_timer_thread().call_at(...)``."""
+else:
+    call_later = _module_function(TimerThread.call_later, "call_later")
+    call_at = _module_function(TimerThread.call_at, "call_at")
 
 
 def _after_fork_in_child() -> None:
@@ -71,6 +118,7 @@ def _after_fork_in_child() -> None:
     # TimerThread refuses work, and the default is made anew on first use.
     global _default, _default_lock
     _default = None
+    _Current.sched = _Closed()
     _default_lock = threading.Lock()
     for sched in list(_live):
         sched.forget_after_fork()

@@ -203,13 +203,6 @@ def loop_closing(loop: Any) -> None:
 _weakref = weakref.ref
 
 
-def first_timer_of(loop: Any) -> dict[int, Scheduler]:
-    """The dict of ``loop``'s pending timers, made for its first."""
-    pending: dict[int, Scheduler] = {}
-    loop._bt_timers = LOOPS[_weakref(loop, _gone)] = pending
-    return pending
-
-
 def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
         callback: Callable[..., object], args: tuple[Any, ...],
         context: contextvars.Context) -> Handle | None:
@@ -221,8 +214,8 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     if type(when) is int and not -_RANGE <= when <= _RANGE:
         return None  # (one too large for a float: asyncio's heap cannot take it)
     pending = getattr(loop, "_bt_timers", None)
-    if pending is None:
-        pending = first_timer_of(loop)
+    if pending is None:  # the loop's first: its dict, made here (a call costs a new loop)
+        pending = loop._bt_timers = LOOPS[_weakref(loop, _gone)] = {}
     tid = next(sched._ids)
     if pending.setdefault(tid, sched) is not sched:
         sched.ids_elsewhere += 1
