@@ -194,12 +194,15 @@ int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
     if (optional_attr(loop, st->str_selector, &selector) < 0) return -1;
     if (!selector) return 0;
     int is_stamp = PyObject_TypeCheck(selector, (PyTypeObject *)st->stamp_class);
-    if (!is_stamp) {
+    if (!is_stamp && (PyObject *)Py_TYPE(selector) != st->selector_type) {
+        /* (an ABC's isinstance costs a loop more than its first timer
+         * should: the answer for the class is kept) */
         int wrappable = PyObject_IsInstance(selector, st->BaseSelector);
         if (wrappable <= 0) {
             Py_DECREF(selector);
             return wrappable;
         }
+        Py_XSETREF(st->selector_type, Py_NewRef(Py_TYPE(selector)));
     }
     PyObject *orig = PyObject_GetAttr(loop, st->str_close);
     if (!orig) {
@@ -210,7 +213,8 @@ int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
     /* Its changes: the same as _attach's, in the same order. */
     int rc = -1;
     PyObject *stamp = NULL, *hook = NULL, *reporter = NULL;
-    reporter = PyObject_CallFunctionObjArgs(st->partial, st->report_to_loop, loop, NULL);
+    /* report_to_loop(loop, handle, exc), as _timers.loop_reporter makes it */
+    reporter = PyMethod_New(st->report_to_loop, loop);
     if (!reporter) goto done;
     Py_XSETREF(port->on_error, reporter);
     if (!(hook = new_close_hook(st, (PyObject *)self, loop, orig))) goto done;
@@ -218,7 +222,11 @@ int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
     if (is_stamp) {
         stamp = Py_NewRef(selector);
     } else {
-        if (!(stamp = PyObject_CallOneArg(st->stamp_class, selector))) goto done;
+        PyTypeObject *stamp_type = (PyTypeObject *)st->stamp_class;
+        stamp = stamp_type->tp_init == PyBaseObject_Type.tp_init
+                    ? ext_poll_stamp_new(stamp_type, selector)
+                    : PyObject_CallOneArg(st->stamp_class, selector);
+        if (!stamp) goto done;
         if (PyObject_SetAttr(loop, st->str_selector, stamp) < 0) goto done;
     }
     if (ext_poll_stamp_watch((PollStampObject *)stamp, port) < 0) goto done;
@@ -242,13 +250,13 @@ done:
 }
 
 /* _core._set_attach(attach_class, stamp_class, report_to_loop, socket,
- * BaseSelector, partial): what ext_attach_fast calls and compares with,
+ * BaseSelector): what ext_attach_fast calls and compares with,
  * registered by _timers as it is imported. */
 PyObject *ext_set_attach(PyObject *m, PyObject *args) {
     ext_state *st = ext_state_of_module(m);
-    PyObject *attach_class, *stamp_class, *report, *socket_type, *base_selector, *partial;
-    if (!PyArg_ParseTuple(args, "OO!OO!OO:_set_attach", &attach_class, &PyType_Type, &stamp_class,
-                          &report, &PyType_Type, &socket_type, &base_selector, &partial))
+    PyObject *attach_class, *stamp_class, *report, *socket_type, *base_selector;
+    if (!PyArg_ParseTuple(args, "OO!OO!O:_set_attach", &attach_class, &PyType_Type, &stamp_class,
+                          &report, &PyType_Type, &socket_type, &base_selector))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)stamp_class, st->PollStamp_Type)) {
         PyErr_SetString(PyExc_TypeError, "stamp_class must be a PollStamp subclass");
@@ -262,6 +270,5 @@ PyObject *ext_set_attach(PyObject *m, PyObject *args) {
     Py_XSETREF(st->report_to_loop, Py_NewRef(report));
     Py_XSETREF(st->socket_type, Py_NewRef(socket_type));
     Py_XSETREF(st->BaseSelector, Py_NewRef(base_selector));
-    Py_XSETREF(st->partial, Py_NewRef(partial));
     Py_RETURN_NONE;
 }

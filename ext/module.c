@@ -74,7 +74,7 @@ static PyMethodDef module_functions[] = {
      "call_at($module, when, callback, /, *args, loop=None, context=None)\n--\n\n"
      "``default_timer_thread().call_at(...)``."},
     {"_set_attach", ext_set_attach, METH_VARARGS,
-     "_set_attach(attach_class, stamp_class, report_to_loop, socket, BaseSelector, partial)\n"
+     "_set_attach(attach_class, stamp_class, report_to_loop, socket, BaseSelector)\n"
      "What connecting a loop's port in C calls and compares with (ext/attach.c)."},
     {"_scheduler", ext_default_scheduler, METH_VARARGS,
      "_scheduler(loop, absolute, /)\n--\n\nThe drop-in loop's call_at (absolute) or call_later, "

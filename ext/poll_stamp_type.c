@@ -34,6 +34,10 @@ static PyObject *PollStamp_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "O:PollStamp", &selector)) return NULL;
+    return ext_poll_stamp_new(type, selector);
+}
+
+PyObject *ext_poll_stamp_new(PyTypeObject *type, PyObject *selector) {
     PyObject *select = PyObject_GetAttrString(selector, "select");
     if (!select) return NULL;
     if (!PyCallable_Check(select)) {

@@ -54,7 +54,6 @@ def _set_attach(
     report_to_loop: Callable[[asyncio.AbstractEventLoop, Any, BaseException], None],
     socket: type,
     base_selector: type,
-    partial: Callable[..., Any],
     /,
 ) -> None: ...
 def _scheduler(loop: asyncio.AbstractEventLoop, absolute: bool, /) -> Scheduler: ...

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import math
 import numbers
+import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,10 +46,8 @@ def report_to_log(handle: Any, exc: BaseException) -> None:
 
 
 def loop_reporter(loop: asyncio.AbstractEventLoop) -> Callable[[Any, BaseException], None]:
-    def report(handle: Any, exc: BaseException) -> None:
-        report_to_loop(loop, handle, exc)
-
-    return report
+    """``report_to_loop`` bound to ``loop`` (ext/attach.c makes the same)."""
+    return types.MethodType(report_to_loop, loop)
 
 
 #: ``TimerThread.slow_callback_duration``'s default, as asyncio's loop's.

@@ -649,4 +649,4 @@ if os.environ.get("BUCKETIMER_LAZY_START", "") in ("", "0"):
 # The native module makes the default (and the timeouts' TimerThread) of this class.
 _core._set_default_class(TimerThread)
 _core._set_attach(_attach_class, PollStamp, _report_to_loop, socket.socket,
-                  selectors.BaseSelector, functools.partial)
+                  selectors.BaseSelector)

@@ -17,8 +17,16 @@ import pytest
 
 import bucketimer
 
-# Ports are the native backend's.
-pytestmark = pytest.mark.native
+if bucketimer.backend == "native":
+    from bucketimer import _timers
+
+# Ports are the native backend's; with BUCKETIMER_PUBLIC_API, _attach
+# connects every loop (the self-pipe read is off, and C needs it).
+pytestmark = [
+    pytest.mark.native,
+    pytest.mark.skipif(bucketimer.backend != "native" or not _timers._WAKE_SELF_PIPE
+                       or not _timers._WRAP_SELECTOR, reason="BUCKETIMER_PUBLIC_API"),
+]
 
 
 @pytest.fixture
