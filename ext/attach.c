@@ -57,10 +57,13 @@ static int unhook(CloseHookObject *self, PyObject *loop, ext_state *st) {
 
 static PyObject *CloseHook_vectorcall(CloseHookObject *self, PyObject *const *args,
                                       size_t nargsf, PyObject *kwnames) {
-    (void)args;
     if (PyVectorcall_NARGS(nargsf) || (kwnames && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_SetString(PyExc_TypeError, "close() takes no arguments");
-        return NULL;
+        /* the loop's close refuses them in its own words, closing nothing */
+        PyObject *orig = Py_XNewRef(self->orig);
+        PyObject *r = orig ? PyObject_Vectorcall(orig, args, nargsf, kwnames) : NULL;
+        if (!orig) PyErr_SetString(PyExc_RuntimeError, "this close hook was cleared");
+        Py_XDECREF(orig);
+        return r;
     }
     ext_state *st = ext_state_of_type(Py_TYPE(self));
     if (!st) return NULL;

@@ -160,6 +160,26 @@ def test_the_close_hook_of_a_running_loop_refuses_as_asyncio_does(
     assert port.fileno() == -1 and "close" not in loop.__dict__
 
 
+def test_the_close_hook_refuses_arguments_as_the_loops_close_does(
+        tt: bucketimer.TimerThread) -> None:
+    _life(tt, asyncio.SelectorEventLoop())
+    loop = asyncio.SelectorEventLoop()
+    try:
+        async def main() -> None:
+            tt.call_later(30, lambda: None)
+
+        loop.run_until_complete(main())
+        assert _connected_in_c(loop)
+        with pytest.raises(TypeError) as got:
+            loop.close(1)  # type: ignore[call-arg]
+        with pytest.raises(TypeError) as want:
+            type(loop).close(loop, 1)  # type: ignore[call-arg]
+        assert str(got.value) == str(want.value)
+        assert not loop.is_closed() and tt._ports[loop].fileno() >= 0
+    finally:
+        loop.close()
+
+
 def test_a_close_hook_outliving_its_timer_thread_closes_the_loop() -> None:
     tt = bucketimer.TimerThread()
     _life(tt, asyncio.SelectorEventLoop())
