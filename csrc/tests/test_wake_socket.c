@@ -33,6 +33,15 @@ static void pair(int sv[2]) {
     CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
 }
 
+/* A port of tt opened without an fd, then given a dup of sv[0]. */
+static bt_port *socket_port(bt_timer_thread *tt, int sv[2]) {
+    bt_port *p = NULL;
+    pair(sv);
+    CHECK(bt_port_open(tt, 0, &p) == 0);
+    CHECK(bt_port_wake_by(p, sv[0]) == 0);
+    return p;
+}
+
 /* Posts one timer to p: scheduled at `at`, fired by advancing past it. */
 static void post_one(bt_timer_thread *tt, bt_port *p, int64_t at) {
     uint64_t id;
@@ -84,10 +93,7 @@ static void test_a_post_before_the_fd_is_signalled_when_it_comes(void) {
 static void test_detach_closes_the_dup_and_sends_nothing_more(void) {
     bt_timer_thread *tt = manual_core(1000);
     int sv[2];
-    pair(sv);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 0, &p) == 0);
-    CHECK(bt_port_wake_by(p, sv[0]) == 0);
+    bt_port *p = socket_port(tt, sv);
     int dup = bt_port_fd(p);
     CHECK(bt_port_detach(p) == 0);
     CHECK(bt_port_fd(p) == -1 && bt_port_detached(p));
@@ -104,10 +110,7 @@ static void test_detach_closes_the_dup_and_sends_nothing_more(void) {
 static void test_a_closed_peer_is_no_sigpipe(void) {
     bt_timer_thread *tt = manual_core(1000);
     int sv[2];
-    pair(sv);
-    bt_port *p;
-    CHECK(bt_port_open(tt, 0, &p) == 0);
-    CHECK(bt_port_wake_by(p, sv[0]) == 0);
+    bt_port *p = socket_port(tt, sv);
     close(sv[1]); /* the loop closed: EPIPE, and no signal kills the process */
     post_one(tt, p, 2000);
     bt_port_ack(p);

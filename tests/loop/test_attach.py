@@ -10,7 +10,6 @@ import asyncio
 import gc
 import time
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,15 +26,6 @@ pytestmark = [
     pytest.mark.skipif(bucketimer.backend != "native" or not _timers._WAKE_SELF_PIPE
                        or not _timers._WRAP_SELECTOR, reason="BUCKETIMER_PUBLIC_API"),
 ]
-
-
-@pytest.fixture
-def tt() -> Iterator[bucketimer.TimerThread]:
-    timer_thread = bucketimer.TimerThread()
-    try:
-        yield timer_thread
-    finally:
-        timer_thread.close()
 
 
 def _connected_in_c(loop: Any) -> bool:

@@ -16,7 +16,6 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,15 +32,6 @@ pytestmark = pytest.mark.native
 #: BUCKETIMER_PUBLIC_API, which turns that read off (then they have eventfds).
 SELF_PIPE = bucketimer.backend == "native" and _timers._WAKE_SELF_PIPE and _timers._WRAP_SELECTOR
 needs_self_pipe = pytest.mark.skipif(not SELF_PIPE, reason="BUCKETIMER_PUBLIC_API: eventfds only")
-
-
-@pytest.fixture
-def tt() -> Iterator[bucketimer.TimerThread]:
-    timer_thread = bucketimer.TimerThread()
-    try:
-        yield timer_thread
-    finally:
-        timer_thread.close()
 
 
 def _registered_fds(loop: Any) -> set[int]:
