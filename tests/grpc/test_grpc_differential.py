@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import math
 import re
 import threading
 import time
@@ -644,19 +645,24 @@ def test_the_peers_pace_is_not_the_handlers_time(backend: Backend, busy: float) 
 # -- the server's stop ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend_name", ["sync", "aio"])
-def test_a_call_the_servers_stop_ends_is_no_deadline(backend_name: str) -> None:
-    # server.stop() ends calls whose handlers go on past their budget: the
-    # client gets what plain grpc gives it, and nothing is reported as a deadline
+def _servers_stop_row(backend_name: str) -> tuple[list[str], float]:
+    """One run of the servers' stop: its differences from plain grpc, and
+    how long after the calls began the last server had stopped."""
     backend: Backend = SyncBackend() if backend_name == "sync" else AioBackend()
     hooks = Hooks()
     m = backend.mod
     configs = [c for c in CONFIGS if c.client(m, hooks) == () and not (c.sync_only and backend_name != "sync")]
     trace: dict[str, list[Any]] = {}
     servers: list[Any] = []
+    stopped: list[float] = []
 
     def handlers(name: str) -> dict[str, Any]:
         return {"Stop": backend.handler("unary_unary", _work("cancel", name, trace))}
+
+    def stop_all() -> None:
+        for s in servers:
+            s.__exit__(None, None, None)
+        stopped.append(time.monotonic())
 
     try:
         with contextlib.ExitStack() as stack:
@@ -668,7 +674,8 @@ def test_a_call_the_servers_stop_ends_is_no_deadline(backend_name: str) -> None:
                 ch = stack.enter_context(backend.channel(addr))
                 calls.append((cfg, Call(ch, "unary_unary", "Stop", payload=b"0",
                                         timeout=B if cfg is PLAIN else cfg.timeout)))
-            stopper = threading.Timer(B / 2, lambda: [s.__exit__(None, None, None) for s in servers])
+            stopper = threading.Timer(B / 2, stop_all)
+            began = time.monotonic()
             stopper.start()
             results = backend.invoke_many([c for _, c in calls])
             stopper.join(10.0)
@@ -677,15 +684,41 @@ def test_a_call_the_servers_stop_ends_is_no_deadline(backend_name: str) -> None:
     finally:
         if isinstance(backend, AioBackend):
             backend.close()
+    problems = []
     ref = results[0]
-    assert ref.code == SC.UNAVAILABLE, ref  # grpc's "Cancelling all calls"
+    if ref.code != SC.UNAVAILABLE:  # grpc's "Cancelling all calls"
+        problems.append(f"plain grpc got {ref}")
     for (cfg, _), r in zip(calls, results):
-        assert (r.code, r.details, r.responses) == (ref.code, ref.details, ref.responses), (cfg.name, r, ref)
-    assert hooks.deadlines == []
+        if (r.code, r.details, r.responses) != (ref.code, ref.details, ref.responses):
+            problems.append(f"{cfg.name}: {r}, plain grpc {ref}")
+    if hooks.deadlines:
+        problems.append(f"deadlines reported: {hooks.deadlines}")
     # the server cannot tell its stop from the client's cancel: both cancel
     # the call, and a slow call's end says CANCELLED (docs/grpc.rst)
     ends = [info.code for info in hooks.slow if info.finished]
-    assert ends and set(ends) == {SC.CANCELLED}, hooks.slow
+    if not ends or set(ends) != {SC.CANCELLED}:
+        problems.append(f"slow calls' ends: {hooks.slow}")
+    return problems, (stopped[0] - began if stopped else math.inf)
+
+
+@pytest.mark.parametrize("backend_name", ["sync", "aio"])
+def test_a_call_the_servers_stop_ends_is_no_deadline(backend_name: str) -> None:
+    """server.stop() ends calls whose handlers go on past their budget: the
+    client gets what plain grpc gives it, and nothing is reported as a
+    deadline.  The servers stop at half the calls' budget; a run whose last
+    server had not stopped by the shortest deadline (a loaded machine: the
+    stops are sequential), or whose process paused past the interceptors'
+    margin, is void and runs again, up to three times; the last one fails
+    on any difference."""
+    shortest = min([B, *(c.timeout for c in CONFIGS if c.timeout is not None)])
+    for attempt in range(3):
+        with _stall_watch() as worst:
+            problems, took = _servers_stop_row(backend_name)
+        if problems and (took >= shortest or worst[0] >= STALL) and attempt < 2:
+            continue
+        assert not problems, "\n".join(problems) + (
+            f"\n(the stop ended {took:.3f} s in, the longest pause {worst[0]:.3f} s)")
+        return
 
 
 def test_a_client_call_that_grpc_cancels_unasked_is_a_result_of_its_row(
