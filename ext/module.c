@@ -66,6 +66,9 @@ static PyMethodDef module_functions[] = {
      "default_timer_thread($module, /)\n--\n\nThe process-wide TimerThread, created on first "
      "use (and anew once closed, or after fork())."},
     {"_set_default_class", module_set_default_class, METH_O, NULL},
+    {"_set_signatures", ext_set_signatures, METH_VARARGS,
+     "_set_signatures(call_later, call_at)\n"
+     "Python functions whose argument errors the module's call_later/call_at raise."},
     {"call_later", (PyCFunction)(void (*)(void))ext_module_call_later,
      METH_FASTCALL | METH_KEYWORDS,
      "call_later($module, delay, callback, /, *args, loop=None, context=None)\n--\n\n"

@@ -95,6 +95,9 @@ typedef struct {
     PyObject *attach_class, *stamp_class, *report_to_loop, *socket_type, *BaseSelector;
     PyObject *attach_classes;
     PyObject *selector_type; /* the last selector class found to be a BaseSelector */
+    /* Python functions of the module call_later/call_at's signatures, whose
+     * argument errors those raise (_core._set_signatures) */
+    PyObject *sig_call_later, *sig_call_at;
     /* called with each new Handle while bucketimer.trace_timers() is on
      * (where it was armed); NULL: off, and nothing is done */
     PyObject *armed_hook;
@@ -131,7 +134,8 @@ typedef struct {
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
     X(monotonic_clocks) X(armed_hook) X(attach_class) X(stamp_class) X(report_to_loop) \
-    X(socket_type) X(BaseSelector) X(attach_classes) X(selector_type)
+    X(socket_type) X(BaseSelector) X(attach_classes) X(selector_type) X(sig_call_later) \
+    X(sig_call_at)
 #define EXT_STATE_NAMES(X)                                                                  \
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
     X(str_call_soon, "call_soon") X(str_call_at, "call_at")                            \
@@ -335,6 +339,7 @@ PyObject *ext_module_call_later(PyObject *m, PyObject *const *args, Py_ssize_t n
                                 PyObject *kwnames);
 PyObject *ext_module_call_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames);
+PyObject *ext_set_signatures(PyObject *m, PyObject *args);
 /* poll_stamp_type.c: a PollStamp (of `type`, a subclass whose __init__ is
  * object's) wrapping `selector`, as type(selector) makes one. */
 PyObject *ext_poll_stamp_new(PyTypeObject *type, PyObject *selector);

@@ -460,65 +460,51 @@ static PyObject *TimerThread_call_at(TimerThreadObject *self, PyObject *const *a
     return call_later_or_at(self, args, PyVectorcall_NARGS(nargs), kwnames, 1);
 }
 
-/* The errors Python's own argument parsing gives a function
- * `name(first, callback, /, *args, loop=None, context=None)`, in its order:
- * a keyword it does not take (every positional-only name among the
- * keywords if there is one, else the first such keyword), then a missing
- * positional argument.  0 if the arguments fit. */
-static int check_module_args(const char *name, const char *first, Py_ssize_t nargs,
-                             PyObject *kwnames) {
+/* 0 if the arguments fit `name(first, callback, /, *args, loop=None,
+ * context=None)`; else the error Python's own argument parsing gives: the
+ * function of that signature registered by _timers (_set_signatures) is
+ * called with them and raises it (its words change between versions: 3.13
+ * added "Did you mean ...?"). */
+static int check_module_args(ext_state *st, int absolute, PyObject *const *args,
+                             Py_ssize_t nargs, PyObject *kwnames) {
     Py_ssize_t nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *posonly = NULL, *unknown = NULL; /* (unknown: borrowed) */
-    for (Py_ssize_t i = 0; i < nk; i++) {
+    int fits = nargs >= 2;
+    for (Py_ssize_t i = 0; fits && i < nk; i++) {
         PyObject *k = PyTuple_GET_ITEM(kwnames, i);
-        if (PyUnicode_CompareWithASCIIString(k, "loop") == 0 ||
-            PyUnicode_CompareWithASCIIString(k, "context") == 0)
-            continue;
-        if (!unknown) unknown = k;
-        int is_posonly = PyUnicode_CompareWithASCIIString(k, first) == 0 ||
-                         PyUnicode_CompareWithASCIIString(k, "callback") == 0;
-        if (!is_posonly) continue;
-        if (posonly) {
-            PyObject *both = PyUnicode_FromFormat("%U, %U", posonly, k);
-            Py_SETREF(posonly, both);
-            if (!posonly) return -1;
-        } else {
-            posonly = Py_NewRef(k);
-        }
+        fits = PyUnicode_CompareWithASCIIString(k, "loop") == 0 ||
+               PyUnicode_CompareWithASCIIString(k, "context") == 0;
     }
-    if (posonly) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s() got some positional-only arguments passed as keyword arguments: '%U'",
-                     name, posonly);
-        Py_DECREF(posonly);
-        return -1;
+    if (fits) return 0;
+    PyObject *sig = absolute ? st->sig_call_at : st->sig_call_later;
+    PyObject *r = sig ? PyObject_Vectorcall(sig, args, (size_t)nargs, kwnames) : NULL;
+    if (r) { /* (it took them: it cannot, but a TypeError says so) */
+        Py_DECREF(r);
+        PyErr_Format(PyExc_TypeError, "%s() takes a %s and a callback",
+                     absolute ? "call_at" : "call_later", absolute ? "when" : "delay");
+    } else if (!sig) {
+        PyErr_SetString(PyExc_RuntimeError, "bucketimer is not initialised");
     }
-    if (unknown) {
-        PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", name, unknown);
-        return -1;
-    }
-    if (nargs == 0) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s() missing 2 required positional arguments: '%s' and 'callback'", name,
-                     first);
-        return -1;
-    }
-    if (nargs == 1) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s() missing 1 required positional argument: 'callback'", name);
-        return -1;
-    }
-    return 0;
+    return -1;
+}
+
+/* _core._set_signatures(call_later, call_at): the Python functions whose
+ * argument errors the module functions raise. */
+PyObject *ext_set_signatures(PyObject *m, PyObject *args) {
+    ext_state *st = ext_state_of_module(m);
+    PyObject *later, *at;
+    if (!PyArg_ParseTuple(args, "OO:_set_signatures", &later, &at)) return NULL;
+    Py_XSETREF(st->sig_call_later, Py_NewRef(later));
+    Py_XSETREF(st->sig_call_at, Py_NewRef(at));
+    Py_RETURN_NONE;
 }
 
 /* bucketimer.call_later / call_at: the default TimerThread's, whichever it
  * is when called. */
 static PyObject *module_call(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames, int absolute) {
-    if (check_module_args(absolute ? "call_at" : "call_later", absolute ? "when" : "delay",
-                          nargs, kwnames) < 0)
-        return NULL;
-    TimerThreadObject *tt = ext_default_tt(ext_state_of_module(m));
+    ext_state *st = ext_state_of_module(m);
+    if (check_module_args(st, absolute, args, nargs, kwnames) < 0) return NULL;
+    TimerThreadObject *tt = ext_default_tt(st);
     if (!tt) return NULL;
     Py_INCREF(tt); /* scheduling runs Python code, which may replace the default */
     PyObject *h = call_later_or_at(tt, args, nargs, kwnames, absolute);

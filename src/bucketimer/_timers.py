@@ -587,6 +587,24 @@ else:
     call_at = _core.call_at
 
 
+# Functions of call_later's and call_at's signatures that do nothing: the C
+# functions let them raise their argument errors, in this Python's own words
+# (3.13 added "Did you mean ...?").
+def _call_later_signature(delay: Any, callback: Any, /, *args: Any, loop: Any = None,
+                          context: Any = None) -> None:
+    pass
+
+
+def _call_at_signature(when: Any, callback: Any, /, *args: Any, loop: Any = None,
+                       context: Any = None) -> None:
+    pass
+
+
+_call_later_signature.__qualname__ = "call_later"
+_call_at_signature.__qualname__ = "call_at"
+_core._set_signatures(_call_later_signature, _call_at_signature)
+
+
 def _after_fork_in_child() -> None:
     # Nothing of the parent's threads exists here: forget its TimerThreads
     # (their cores refuse work; the native default is made anew on first use).
