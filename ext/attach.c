@@ -147,7 +147,9 @@ static int class_vetted(ext_state *st, PyObject *loop) {
     PyObject *v = PyDict_GetItemWithError(st->attach_classes, cls); /* borrowed, used at once */
     if (v) return v == Py_True;
     if (PyErr_Occurred()) return -1;
-    v = PyObject_CallOneArg(st->attach_class, cls);
+    PyObject *vet = Py_NewRef(st->attach_class); /* (its call may replace it) */
+    v = PyObject_CallOneArg(vet, cls);
+    Py_DECREF(vet);
     if (!v) return -1;
     int ok = PyObject_IsTrue(v);
     Py_DECREF(v);
@@ -225,10 +227,13 @@ int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
     if (is_stamp) {
         stamp = Py_NewRef(selector);
     } else {
-        PyTypeObject *stamp_type = (PyTypeObject *)st->stamp_class;
+        /* held: making the stamp reads selector.select, Python code that may
+         * register another class */
+        PyTypeObject *stamp_type = (PyTypeObject *)Py_NewRef(st->stamp_class);
         stamp = stamp_type->tp_init == PyBaseObject_Type.tp_init
                     ? ext_poll_stamp_new(stamp_type, selector)
-                    : PyObject_CallOneArg(st->stamp_class, selector);
+                    : PyObject_CallOneArg((PyObject *)stamp_type, selector);
+        Py_DECREF(stamp_type);
         if (!stamp) goto done;
         if (PyObject_SetAttr(loop, st->str_selector, stamp) < 0) goto done;
     }

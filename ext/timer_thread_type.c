@@ -475,8 +475,9 @@ static int check_module_args(ext_state *st, int absolute, PyObject *const *args,
                PyUnicode_CompareWithASCIIString(k, "context") == 0;
     }
     if (fits) return 0;
-    PyObject *sig = absolute ? st->sig_call_at : st->sig_call_later;
+    PyObject *sig = Py_XNewRef(absolute ? st->sig_call_at : st->sig_call_later);
     PyObject *r = sig ? PyObject_Vectorcall(sig, args, (size_t)nargs, kwnames) : NULL;
+    Py_XDECREF(sig);
     if (r) { /* (it took them: it cannot, but a TypeError says so) */
         Py_DECREF(r);
         PyErr_Format(PyExc_TypeError, "%s() takes a %s and a callback",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import selectors
+import socket
 import time
 import weakref
 from typing import Any
@@ -243,3 +245,37 @@ def test_two_hundred_short_loops_connected_in_c_each_run_their_timer(
         finally:
             loop.close()
     assert time.monotonic() - t0 < 20
+
+
+def test_a_selector_that_registers_another_stamp_class_as_it_is_read_is_no_crash(
+        tt: bucketimer.TimerThread) -> None:
+    """Making the stamp reads ``selector.select``, Python code: one that
+    registers another stamp class meanwhile (the first then held by nothing
+    else) must not pull the class being made out from under it."""
+    from bucketimer import _core
+    from bucketimer._reporting import report_to_loop
+
+    def register(stamp_class: type) -> None:
+        _core._set_attach(_timers._attach_class, stamp_class, report_to_loop, socket.socket,
+                          selectors.BaseSelector)
+
+    class Sneaky(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+        def __getattribute__(self, name: str) -> Any:
+            if name == "select":
+                register(_timers.PollStamp)
+            return super().__getattribute__(name)
+
+    _life(tt, asyncio.SelectorEventLoop())
+    register(type("Passing", (_timers.PollStamp,), {}))
+    loop = asyncio.SelectorEventLoop(Sneaky())
+    try:
+        async def main() -> str:
+            fut = asyncio.get_running_loop().create_future()
+            tt.call_later(0.001, fut.set_result, "ran")
+            return await fut
+
+        assert loop.run_until_complete(main()) == "ran"
+        gc.collect()
+    finally:
+        register(_timers.PollStamp)
+        loop.close()
