@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
-import operator
 import os
 import threading
 import time
@@ -34,7 +33,7 @@ def default_timer_thread() -> TimerThread:
             tt = _default
             if tt is None or tt.closed:
                 tt = _default = TimerThread()
-                _Current.sched = tt._sched
+                _DefaultView._sched = tt._sched
     return tt
 
 
@@ -54,24 +53,17 @@ class _Closed:
     _closed = True
 
 
-class _Current:
-    """The default TimerThread's scheduler, as the view reads it."""
-
-    sched: Any = _Closed()
-
-
 class _DefaultView(TimerThread):
     """The default TimerThread, whichever it is when called.
     ``bucketimer.call_later`` and ``call_at`` are TimerThread's own methods
-    bound to this view, whose ``_sched`` is the default's (a read of a class
-    attribute, no Python frame): a function in front of them cost a new
+    bound to this view, whose ``_sched`` is the default's (a class attribute,
+    set as the default is made): a function in front of them cost a new
     loop's first timer about a quarter of asyncio's first ``call_later``
     (docs/performance.rst, "A short-lived loop").  A closed scheduler
     (none yet, the default closed, a fork) sends the call to
     ``default_timer_thread()``, which makes a new default."""
 
-    _current = _Current
-    _sched = property(operator.attrgetter("_current.sched"))
+    _sched: Any = _Closed()
 
     def __init__(self) -> None:  # (nothing of its own to make)
         pass
@@ -118,7 +110,7 @@ def _after_fork_in_child() -> None:
     # TimerThread refuses work, and the default is made anew on first use.
     global _default, _default_lock
     _default = None
-    _Current.sched = _Closed()
+    _DefaultView._sched = _Closed()
     _default_lock = threading.Lock()
     for sched in list(_live):
         sched.forget_after_fork()
