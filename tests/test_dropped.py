@@ -216,12 +216,11 @@ def test_a_loop_with_pending_timers(kind, patched):
 
 def _loops_known(tt: bucketimer.TimerThread) -> dict[object, object]:
     """What ``tt`` keeps per loop: the native record of ports, or the pure
-    scheduler's outboxes and the loops that keep its timers on their heaps."""
+    scheduler's outboxes and the claims of its timers on loops' heaps."""
     if bucketimer.backend == "native":
         return dict(tt._ports)  # type: ignore[attr-defined]
-    from bucketimer._pure import _loop_timer
     known: dict[object, object] = dict(tt._sched._loops)  # type: ignore[attr-defined]
-    known.update((ref, pending) for ref, pending in _loop_timer.LOOPS.items() if pending)
+    known.update(tt._sched._claims)  # type: ignore[attr-defined]
     return known
 
 

@@ -175,3 +175,62 @@ def test_the_pure_backend_knows_asyncios_handles() -> None:
     assert _loop_timer.SLOTS_KNOWN
     assert _loop_timer.heap_type(asyncio.SelectorEventLoop)
     assert _loop_timer.heap_type(bucketimer.EventLoop) == PURE
+
+
+@pytest.mark.skipif(not PURE, reason="the pure backend's claims of timers on loops' heaps")
+def test_loops_freed_with_timers_pending_leave_nothing_behind() -> None:
+    """A long-lived loop keeps many timers pending while short-lived loops
+    come and go, each leaving two pending: their claims go with them (swept
+    once enough loops have gone to pay for a sweep, so memory stays
+    bounded), ``stats()`` counts them cancelled, and a loop made where a
+    freed one was (CPython reuses the address: the same id) is not taken
+    for it."""
+    tt = bucketimer.TimerThread()
+    sched = tt._sched  # type: ignore[attr-defined]
+    kept = asyncio.new_event_loop()
+
+    async def arm(n: int) -> None:
+        for _ in range(n):
+            tt.call_later(30, print)
+
+    try:
+        kept.run_until_complete(arm(300))
+        for _ in range(40):
+            short = asyncio.new_event_loop()
+            short.run_until_complete(arm(2))
+            short.close()
+            del short  # (a closed loop is freed by reference counting)
+            assert len(sched._claims) <= 300 + 2 * 2
+        # a loop where a freed one was, its claims not yet swept: made until
+        # CPython gives one the address (it reuses a freed block first; the
+        # rule is checked on its own below, whatever the allocator does)
+        for _ in range(20):
+            short = asyncio.new_event_loop()
+            short.run_until_complete(arm(2))
+            lid = id(short)
+            short.close()
+            del short
+            if lid not in sched._gone_at:
+                continue
+            later = asyncio.new_event_loop()
+            later.run_until_complete(arm(2))
+            reused = id(later) == lid
+            s = tt.stats()
+            assert (s["heap_size"], len(sched._claims)) == (302, 302), s
+            later.close()
+            del later
+            if reused:
+                break
+        s = tt.stats()
+        assert s["heap_size"] == 300 and len(sched._claims) == 300, s
+        assert s["scheduled"] == s["cancelled"] + 300, s
+        # (and the rule itself, on a loop alive: a claim handed out before a
+        # loop with its id went is that loop's, not this one's)
+        kept.run_until_complete(arm(1))
+        stale = next(iter(sched._claims))
+        sched._gone_at[id(kept)] = stale
+        tt.stats()
+        assert stale not in sched._claims and len(sched._claims) == 300
+    finally:
+        kept.close()
+        tt.close()

@@ -2,8 +2,8 @@
 
 A timer is kept in one of two places, and its Handle says which:
 
-* on its loop's own heap (``_home`` is the loop's dict of pending
-  timers, ``_loop_timer.py``): a timer scheduled in its loop's thread while
+* on its loop's own heap (``_home`` is its scheduler's dict of pending
+  ones, ``_loop_timer.py``): a timer scheduled in its loop's thread while
   the loop runs.  The Handle is an ``asyncio.TimerHandle`` of that loop,
   pushed as ``loop.call_at`` pushes one; the loop runs it (``_run``).  Its
   claims -- running it, cancelling it, dropping it -- each pop it from
@@ -61,9 +61,9 @@ class Handle(TimerHandle):
     _id: int
     _sched: Scheduler
     _state: int
-    # on its loop's heap: the loop's pending timers (id -> scheduler); in the
-    # scheduler's heap: where it goes once due
-    _home: dict[int, Scheduler] | Outbox
+    # on its loop's heap: its scheduler's claims of those pending (id -> the
+    # loop's id); in the scheduler's heap: where it goes once due
+    _home: dict[int, int] | Outbox
 
     # Handles compare by identity, as the native ones do (TimerHandle's
     # compare the deadline and the callback).
@@ -133,9 +133,7 @@ class Handle(TimerHandle):
         # The loop's heap's order: the deadline, then, between two of these,
         # the order they were scheduled in (ids grow in it).
         a, b = self._when, other._when
-        if a != b:
-            return a < b  # type: ignore[no-any-return]
-        return type(other) is Handle and self._id < other._id
+        return a < b or (a == b and type(other) is Handle and self._id < other._id)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         # (as the native handle's: the deadline and callback of a pending

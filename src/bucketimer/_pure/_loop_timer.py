@@ -16,17 +16,20 @@ Only loops that keep asyncio's own heap and clock qualify
 replaced on the instance).  Any other loop's timers, and those scheduled
 from another thread, go through the scheduler's thread.
 
-Claims: a pending timer is a key (its id) of its loop's dict of them
-(``loop._bt_timers``, set with its first such timer, for every
-TimerThread); running it, cancelling it and dropping it each first pop it
-from there, one atomic ``dict.pop``, so exactly one of them happens.  A
-cancel from another thread takes it off the loop's heap through
-``call_soon_threadsafe``: thread safety is paid by calls from other threads
-only.  Nothing of bucketimer's holds a loop, and the dict holds no timer
-(its values are their schedulers), so a loop is freed as asyncio's is; the
-loops are known by weak references (:data:`LOOPS`), for what a
-TimerThread's ``close()`` drops, and a loop that closed or went with timers
-pending has them counted as its close ended them.
+Claims: a pending timer is a key (its id) of its scheduler's dict of them
+(``Scheduler._claims``); running it, cancelling it and dropping it each
+first pop it from there, one atomic ``dict.pop``, so exactly one of them
+happens.  A cancel from another thread takes it off the loop's heap
+through ``call_soon_threadsafe``: thread safety is paid by calls from other
+threads only.  A claim's value is its loop's id, the key of the loop's
+record in :data:`LOOPS`: a weak reference made with the loop's first such
+timer, so nothing of bucketimer's holds a loop and a loop is freed as
+asyncio's is.  Through
+the records a TimerThread's ``close()`` finds the timers it drops and
+``stats()`` the loops that closed; a loop freed with timers pending takes
+their claims with it (``_gone``).  Nothing else is made per loop: a new
+loop's first timer costs what asyncio's first ``call_at`` does
+(docs/performance.rst, "A short-lived loop").
 """
 
 from __future__ import annotations
@@ -136,36 +139,34 @@ def cancel(timer: Any) -> None:
         timer._callback = timer._args = None
 
 
-# Every loop alive that has had a TimerThread's timer on its heap, by a
-# weak reference, and the dict of its pending ones (what its ``_bt_timers``
-# holds): id -> the timer's Scheduler.  Neither holds the loop or a timer,
-# so a loop is freed as asyncio's is, and when it goes, what it left
-# pending is counted (``_gone``).
-LOOPS: dict[weakref.ref[Any], dict[int, Scheduler]] = {}
+# Every loop alive that has had a TimerThread's timer on its heap: its
+# record, a weak reference to it, by the loop's id (what a claim holds).
+# The id of a loop alive is its own: the record goes in the loop's last
+# moment, before another object can have that id (``_gone``).
+LOOPS: dict[int, weakref.ref[Any]] = {}
+
+# Every scheduler alive (``_scheduler.py`` adds each): whose claims a
+# freed loop takes with it.
+SCHEDULERS: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+
+_weakref = weakref.ref
 
 
 def _gone(ref: weakref.ref[Any]) -> None:
-    """A loop was freed: its timers left pending ended with it."""
-    pending = LOOPS.pop(ref, None)
-    if pending:
-        _count_dropped(pending)
-
-
-def _count_dropped(pending: dict[int, Scheduler]) -> None:
-    """Claims what is left of ``pending`` for a loop that closed or went:
-    ended by its close, they count as cancelled (their schedulers' stats()
-    count what is no longer pending, run nor dropped as cancelled)."""
-    pending.clear()
-
-
-def loop_timers() -> list[dict[int, Scheduler]]:
-    """The dicts of pending timers of the loops alive."""
-    return list(LOOPS.values())
+    """A loop was freed: its record goes, and with it the claims of its
+    timers left pending (they ended with it; ``stats()`` counts them
+    cancelled)."""
+    for lid, rec in list(LOOPS.items()):
+        if rec is ref:
+            del LOOPS[lid]
+            for sched in list(SCHEDULERS):
+                sched.forget_loop(lid)
+            return
 
 
 def loops() -> Iterator[Any]:
     """The loops alive that keep TimerThreads' timers on their heaps."""
-    for ref in list(LOOPS):
+    for ref in list(LOOPS.values()):
         loop = ref()
         if loop is not None:
             yield loop
@@ -179,28 +180,16 @@ def timers_on(loop: Any) -> Iterator[Handle]:
             yield handle
 
 
-def drop_closed_loops() -> None:
-    """Counts the timers left pending by every loop that closed."""
-    for ref, pending in list(LOOPS.items()):
-        loop = ref()
-        if loop is not None and loop._closed and pending:
-            _count_dropped(pending)
-
-
 def loop_closing(loop: Any) -> None:
     """``loop`` is about to close (the pure drop-in loop's ``close()``): its
     TimerThreads' timers are dropped, and counted as the core counts those
     of a loop's close."""
-    pending = getattr(loop, "_bt_timers", None)
-    if not pending:
+    if id(loop) not in LOOPS:  # (no timer of a TimerThread's was on its heap)
         return
     for timer in timers_on(loop):
-        if pending.pop(timer._id, None) is not None:
+        home = timer._home
+        if type(home) is dict and home.pop(timer._id, None) is not None:
             timer._sched.loop_timer_dropped(timer)
-    _count_dropped(pending)  # (any not found there)
-
-
-_weakref = weakref.ref
 
 
 def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
@@ -208,18 +197,16 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
         context: contextvars.Context) -> Handle | None:
     """A timer due at ``seconds`` (``when()`` gives ``when``), pushed on
     ``loop``'s heap; called in the loop's thread while it runs.  None (the
-    caller's scheduler thread takes the timer) in the rare case where a
-    timer of another TimerThread pending on the loop has the id this one
-    got: ids are each TimerThread's own."""
+    caller's scheduler thread takes the timer) for an int ``when`` too
+    large for a float.  ``TimerThread.call_later`` has it inline."""
     if type(when) is int and not -_RANGE <= when <= _RANGE:
         return None  # (one too large for a float: asyncio's heap cannot take it)
-    pending = getattr(loop, "_bt_timers", None)
-    if pending is None:  # the loop's first: its dict, made here (a call costs a new loop)
-        pending = loop._bt_timers = LOOPS[_weakref(loop, _gone)] = {}
+    lid = id(loop)
+    if lid not in LOOPS:  # the loop's first (nothing else is made per loop)
+        LOOPS[lid] = _weakref(loop, _gone)
     tid = next(sched._ids)
-    if pending.setdefault(tid, sched) is not sched:
-        sched.ids_elsewhere += 1
-        return None
+    home = sched._claims
+    home[tid] = lid
     t: Any = Handle()
     t._id = tid
     t._sched = sched
@@ -232,11 +219,11 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     t._repr = None
     t._source_traceback = None
     t._state = PENDING
-    t._home = pending
+    t._home = home
     _heappush(loop._scheduled, t)
     t._scheduled = True
     return t  # type: ignore[no-any-return]
 
 
-__all__ = ["HEAP_TYPES", "LOOPS", "SLOTS_KNOWN", "arm", "cancel", "drop_closed_loops", "heap_call_at",
+__all__ = ["HEAP_TYPES", "LOOPS", "SCHEDULERS", "SLOTS_KNOWN", "arm", "cancel", "heap_call_at",
            "heap_type", "keeps_heap", "loop_closing", "loops", "push", "timers_on"]

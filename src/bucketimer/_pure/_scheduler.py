@@ -2,8 +2,7 @@
 those no loop keeps.
 
 A timer scheduled inside its running loop lives on that loop's own heap
-(``_loop_timer.py``), its claim in a dict the loop holds; the scheduler
-counts those.  Every other timer (no loop, a loop in another thread, a loop
+(``_loop_timer.py``), its claim in the scheduler's dict of them.  Every other timer (no loop, a loop in another thread, a loop
 with a clock or heap of its own) is in the scheduler's ``heapq`` keyed
 ``(deadline_ns, id)``: ids grow in the order timers were scheduled, so
 equal deadlines fire in that order.  The thread, started with the first
@@ -29,7 +28,7 @@ from typing import Any
 from .._stats import Stats
 from ._arguments import deadline_ns, to_seconds
 from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, scheduled
-from ._loop_timer import drop_closed_loops, loop_closing, loop_timers, loops, timers_on
+from ._loop_timer import LOOPS, SCHEDULERS, loop_closing, loops, timers_on
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -38,6 +37,9 @@ _LATE_SUM_CAP = 2 ** (HIST_BUCKETS - 2)
 # A heap with more cancelled entries than this, and more of them than live
 # ones, is rebuilt (the same rule as asyncio's own timer heap).
 _SWEEP_MIN = 64
+# Claims of loop timers swept at once for those of a loop just freed, up to
+# this many; beyond, a sweep is due once a loop has gone per this many.
+_SWEEP_CLAIMS = 256
 
 # ``reaped``: cancelled timers let go of (popped from the heap, swept, or
 # passed over in a batch); at rest it equals ``cancelled``.
@@ -89,14 +91,21 @@ class Scheduler:
         self._late_sum = 0
         # The thread serves timers of its heap only: started with the first one.
         self._thread: threading.Thread | None = None
-        # Loop timers are counted where it costs least: run (by their loop's
-        # thread), ended unrun by their loop's or this scheduler's close; the
-        # ids handed out and not used (another TimerThread's timer on the
-        # loop had it).  stats() works out the rest: scheduled from the ids,
-        # pending from the loops' dicts, cancelled from those.
+        # Loop timers: the claims of those pending (timer id -> their loop's
+        # id, ``_loop_timer.py``), and counted where it costs least: run (by
+        # their loop's thread), ended unrun by their loop's or this
+        # scheduler's close.  stats() works out the rest: scheduled from the
+        # ids, pending from the claims, cancelled from those.
+        self._claims: dict[int, int] = {}
         self.lt_ran = 0
-        self.ids_elsewhere = 0
         self._lt_unrun_due = 0
+        # The loops freed whose claims are not yet swept: loop id -> the
+        # last timer id handed out then (a later loop may have that loop id:
+        # its claims have later timer ids); how many went since the last
+        # sweep, and how many claims that sweep left.
+        self._gone_at: dict[int, int] = {}
+        self._loops_gone = 0
+        self._claims_swept = 0
         _live.add(self)
 
     @property
@@ -149,9 +158,10 @@ class Scheduler:
         with self._lock:
             out = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
             out += [h for batch in self._inflight.values() for h in batch if h._state == POSTED]
+        claims = self._claims
         for loop in loops():
-            claims = getattr(loop, "_bt_timers", None) or {}
-            out += [t for t in timers_on(loop) if t._sched is self and claims.get(t._id) is self]
+            if not loop._closed:
+                out += [t for t in timers_on(loop) if t._sched is self and t._id in claims]
         return out
 
     def _start_thread(self) -> None:
@@ -382,10 +392,13 @@ class Scheduler:
             self._loops.clear()
             # (a loop timer stays on its loop's heap, to be passed over there;
             # one the loop is about to run drops itself, seeing this closed)
+            claims = self._claims
             for loop in loops():
                 for timer in timers_on(loop):
-                    if timer._sched is self and loop._bt_timers.pop(timer._id, None):
+                    if timer._sched is self and claims.pop(timer._id, None) is not None:
                         self.loop_timer_dropped(timer, by_close=True)
+            claims.clear()  # (those of loops that closed or went)
+            self._gone_at.clear()
             self._wake.notify_all()
             self._submitted.notify_all()
         no_loop = sum(handle._home is self._dispatcher for handle in dropped)
@@ -408,15 +421,48 @@ class Scheduler:
             entry[2]._state = DROPPED
         for loop in loops():
             for timer in timers_on(loop):
-                if timer._sched is self and loop._bt_timers.pop(timer._id, None):
+                if timer._sched is self and self._claims.pop(timer._id, None) is not None:
                     timer._state = DROPPED
+        self._claims.clear()
+        self._gone_at.clear()
         self._heap.clear()
         self._inflight.clear()
         self._loops.clear()
         self._closed = True
 
+    def forget_loop(self, lid: int) -> None:
+        """The loop whose id was ``lid`` was freed: the claims of its
+        timers go with it.  Swept at once among a few claims; among many,
+        once a loop has gone per ``_SWEEP_CLAIMS`` of them (a short-lived
+        loop's end costs little where a long-lived one keeps many timers)."""
+        if not self._claims:
+            return
+        self._gone_at[lid] = _issued(self._ids)
+        self._loops_gone += 1
+        if (len(self._claims) <= _SWEEP_CLAIMS
+                or self._loops_gone * _SWEEP_CLAIMS >= self._claims_swept):
+            self._sweep_claims()
+
+    def _sweep_claims(self) -> None:
+        """Drops the claims of timers whose loop closed or was freed with
+        them pending: that ended them (``stats()`` counts them cancelled)."""
+        claims, gone = self._claims, dict(self._gone_at)
+        for tid, lid in list(claims.items()):
+            if tid <= gone.get(lid, 0):
+                claims.pop(tid, None)
+                continue
+            ref = LOOPS.get(lid)
+            loop = None if ref is None else ref()
+            if loop is None or loop._closed:
+                claims.pop(tid, None)
+        for lid, at in gone.items():
+            if self._gone_at.get(lid) == at:
+                del self._gone_at[lid]
+        self._loops_gone = 0
+        self._claims_swept = len(claims)
+
     def stats(self) -> Stats:
-        drop_closed_loops()
+        self._sweep_claims()
         with self._lock:
             counts = dict(self._counts)
             hist = list(self._hist)
@@ -427,8 +473,8 @@ class Scheduler:
             # a loop timer is posted to its loop, and let go of if cancelled,
             # as it is claimed
             ran, dropped = self.lt_ran, self._lt_unrun_due
-            scheduled = _issued(self._ids) - self.ids_elsewhere
-            pending = sum(list(timers.values()).count(self) for timers in loop_timers())
+            scheduled = _issued(self._ids)
+            pending = len(self._claims)
             cancelled = scheduled - counts["scheduled"] - ran - dropped - pending
             heap_size = pending + len(self._heap)
         return Stats(
@@ -472,4 +518,4 @@ def _watch_close(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Scheduler]) -
 
 
 # Every scheduler alive: closed at exit and forgotten in a child of fork().
-_live: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+_live = SCHEDULERS

@@ -7,23 +7,26 @@ import contextvars
 import math
 import time
 import warnings
+import weakref
 from asyncio.base_events import BaseEventLoop
 from asyncio.events import _get_running_loop
 from collections.abc import Callable
+from heapq import heappush
 from typing import Any, TypeVarTuple, Unpack
 
 from .. import _pending
 from .._reporting import SLOW_CALLBACK_DURATION, check_slow_callback_duration
 from .._stats import Stats
 from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
-from ._handle import Handle
-from ._loop_timer import HEAP_TYPES, arm, keeps_heap
+from ._handle import PENDING, Handle
+from ._loop_timer import HEAP_TYPES, LOOPS, _gone, arm, keeps_heap
 from ._scheduler import Scheduler
 
 monotonic = time.monotonic
 _base_time = BaseEventLoop.time
 ceil = math.ceil
 copy_context = contextvars.copy_context
+_weakref = weakref.ref
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -92,7 +95,9 @@ class TimerThread:
                 -SECONDS_RANGE <= delay <= SECONDS_RANGE):
             seconds = monotonic() + delay
             # the commonest of all, inline: in a running loop that keeps it
-            # on its heap (keeps_heap(), for the classes known to)
+            # on its heap (keeps_heap(), for the classes known to), and
+            # arm() itself (a call costs a new loop's first timer 0.05 µs,
+            # docs/performance.rst, "A short-lived loop")
             if loop is None and context is None and callable(callback):
                 running: Any = _get_running_loop()
                 if type(running) in HEAP_TYPES:
@@ -101,10 +106,28 @@ class TimerThread:
                     except AttributeError:  # a time that is not a method
                         stock_clock = False
                     if stock_clock:
-                        h = arm(sched, running, seconds, seconds, callback, args,
-                                copy_context())
-                        if h is not None:
-                            return h
+                        lid = id(running)
+                        if lid not in LOOPS:
+                            LOOPS[lid] = _weakref(running, _gone)
+                        tid = next(sched._ids)
+                        home = sched._claims
+                        home[tid] = lid
+                        t: Any = Handle()
+                        t._id = tid
+                        t._sched = sched
+                        t._when = seconds
+                        t._callback = callback
+                        t._args = args
+                        t._context = copy_context()
+                        t._loop = running
+                        t._cancelled = False
+                        t._repr = None
+                        t._source_traceback = None
+                        t._state = PENDING
+                        t._home = home
+                        heappush(running._scheduled, t)
+                        t._scheduled = True
+                        return t  # type: ignore[no-any-return]
             return self._schedule(seconds, callback, args, loop, context)
         seconds = to_seconds(delay, "delay")
         when = math.inf if seconds > SECONDS_RANGE else monotonic() + seconds
