@@ -133,7 +133,7 @@ class Handle(TimerHandle):
         # The loop's heap's order: the deadline, then, between two of these,
         # the order they were scheduled in (ids grow in it).
         a, b = self._when, other._when
-        return a < b or (a == b and type(other) is Handle and self._id < other._id)  # type: ignore[no-any-return]
+        return a < b or (a == b and type(other) is Handle and self._id < other._id)
 
     def __repr__(self) -> str:
         # (as the native handle's: the deadline and callback of a pending
