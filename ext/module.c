@@ -196,7 +196,7 @@ static int module_exec(PyObject *m) {
     ext_freelist_init(&st->timeouts, st->timeout_store, TIMEOUT_FREELIST, 1);
     ext_freelist_init(&st->steps, st->step_store, STEP_FREELIST, 1);
     if (intern_names(st) < 0 || add_types(m, st) < 0 || import_asyncio(st) < 0 ||
-        ext_compat_init(&st->compat) < 0)
+        ext_compat_init(&st->compat) < 0 || ext_add_loop_attrs(m) < 0)
         return -1;
     return add_constants(m);
 }

@@ -340,6 +340,8 @@ PyObject *ext_module_call_later(PyObject *m, PyObject *const *args, Py_ssize_t n
 PyObject *ext_module_call_at(PyObject *m, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames);
 PyObject *ext_set_signatures(PyObject *m, PyObject *args);
+/* loop_attrs.c: _core._loop_setattr and _loop_delattr, the drop-in loop's. */
+int ext_add_loop_attrs(PyObject *m);
 /* poll_stamp_type.c: a PollStamp (of `type`, a subclass whose __init__ is
  * object's) wrapping `selector`, as type(selector) makes one. */
 PyObject *ext_poll_stamp_new(PyTypeObject *type, PyObject *selector);

@@ -109,6 +109,45 @@ class _NativeTimersMixin:
 
     _bt_closes_ports = True  # close() detaches this loop's ports (_timers.loop_closing)
 
+    # -- switches ----------------------------------------------------------------
+
+    # A ``time`` set on (or deleted from) the instance switches the timers
+    # to the stock path and back, so that they follow the clock the loop
+    # reads: the C schedulers on the instance are never asked (docs/asyncio.rst).
+    # Every other store is object's: in C on the native backend
+    # (ext/loop_attrs.c), as asyncio's loop sets some 30 attributes in its
+    # life; in Python, as super() would, where a class further up the MRO
+    # has a __setattr__ or __delattr__ of its own (__init_subclass__).
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "time":
+            self._bt_clock_changed()
+
+    def __delattr__(self, name: str) -> None:
+        super().__delattr__(name)
+        if name == "time":
+            self._bt_clock_changed()
+
+    def _bt_clock_changed(self) -> None:
+        if self._bt is not None:
+            self._bt_update_fast_path()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not _backend.NATIVE:
+            return
+        mro = cls.__mro__
+        after = mro[mro.index(_NativeTimersMixin) + 1:-1]
+        python = any("__setattr__" in vars(k) or "__delattr__" in vars(k) for k in after)
+        stores: tuple[Any, Any] = (
+            (_NativeTimersMixin.__setattr__, _NativeTimersMixin.__delattr__) if python
+            else (_core._loop_setattr, _core._loop_delattr))
+        own = vars(cls)
+        if "__setattr__" not in own:  # (a class's own calls these through super())
+            cls.__setattr__ = stores[0]  # type: ignore[method-assign]
+        if "__delattr__" not in own:
+            cls.__delattr__ = stores[1]  # type: ignore[method-assign]
+
     def __new__(cls, *args: Any, timer_thread: TimerThread | None = None, **kwargs: Any) -> Any:
         # Refused before a loop exists: a half-made one would complain when
         # collected.
@@ -172,8 +211,8 @@ class _NativeTimersMixin:
         # Set and deleted as attributes, never through self.__dict__
         # (_LoopTimers says why).
         if want:
-            object.__setattr__(self, "call_at", self._bt_scheduler(True))
-            object.__setattr__(self, "call_later", self._bt_scheduler(False))
+            self.call_at = self._bt_scheduler(True)  # type: ignore[method-assign]
+            self.call_later = self._bt_scheduler(False)  # type: ignore[method-assign]
         else:
             self._bt_drop_fast_path()
 
@@ -190,7 +229,7 @@ class _NativeTimersMixin:
     def _bt_drop_fast_path(self) -> None:
         for name in ("call_at", "call_later"):
             try:
-                object.__delattr__(self, name)
+                delattr(self, name)
             except AttributeError:  # not set: the class's method serves
                 pass
 
@@ -226,21 +265,6 @@ class _NativeTimersMixin:
         if self.is_closed():  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
         return self._bt_scheduler(False)(delay, callback, *args, context=context)
-
-    # -- switches ----------------------------------------------------------------
-
-    # A ``time`` set on (or deleted from) the instance switches the timers
-    # to the stock path and back, so that they follow the clock the loop
-    # reads: the C schedulers on the instance are never asked (docs/asyncio.rst).
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name == "time" and self._bt is not None:
-            self._bt_update_fast_path()
-
-    def __delattr__(self, name: str) -> None:
-        super().__delattr__(name)
-        if name == "time" and self._bt is not None:
-            self._bt_update_fast_path()
 
     def set_debug(self, enabled: bool) -> None:
         super().set_debug(enabled)  # type: ignore[misc]

@@ -926,3 +926,128 @@ def test_native_virtual_clock_subclass_gets_stock_timers():
         assert lp.run_until_complete(asyncio.sleep(0.001, "ok")) == "ok"
     finally:
         lp.close()
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("kind", sorted(NATIVE & set(LOOPS)))
+def test_native_attribute_stores_run_no_python(kind):
+    """A drop-in loop stores its attributes in C (asyncio sets some 30 in a
+    loop's life): no Python function runs for one, until the name is
+    ``time``, whose store and delete switch the loop's timers.
+    ``object.__setattr__`` works on it as on the stock loop."""
+    lp = LOOPS[kind]()
+    calls: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    try:
+        sys.setprofile(profile)
+        try:
+            lp._bt_probe = 1
+            del lp._bt_probe
+        finally:
+            sys.setprofile(None)
+        assert [c for c in calls if c != "profile"] == []
+        real = lp.time
+        lp.time = lambda: 0.0
+        assert "call_later" not in vars(lp)
+        del lp.time
+        assert "call_later" in vars(lp) and lp.time == real
+        object.__setattr__(lp, "time", lambda: 0.0)  # (object's: no switch)
+        object.__delattr__(lp, "time")
+        assert "call_later" in vars(lp)
+    finally:
+        lp.close()
+
+
+@pytest.mark.native
+def test_native_attribute_stores_refuse_what_object_refuses():
+    """The drop-in loop's C ``__setattr__``/``__delattr__`` given what Python
+    allows: object's errors, and a clock-change hook that is missing, not
+    callable, raises or calls back into bucketimer leaves the store done and
+    the loop usable."""
+    from bucketimer import _core
+
+    lp = bt_loop.EventLoop()
+    try:
+        for bad in [(), ("time",), ("a", 1, 2)]:
+            with pytest.raises(TypeError, match="expected"):
+                _core._loop_setattr(lp, *bad)
+        with pytest.raises(TypeError, match="expected"):
+            _core._loop_delattr(lp)
+        with pytest.raises(AttributeError):
+            _core._loop_setattr(object(), "x", 1)  # no __dict__: object's error
+        with pytest.raises(TypeError, match="attribute name must be string"):
+            _core._loop_setattr(lp, 1, 2)
+        with pytest.raises(AttributeError):
+            del lp.nothing_here
+
+        class Name(str):
+            def __eq__(self, other):
+                raise AssertionError("a name's __eq__ is not asked")
+
+            __hash__ = str.__hash__
+
+        setattr(lp, Name("tame"), 1)
+
+        def refuses():
+            raise LookupError("no")
+
+        for hook in (lambda: bucketimer.call_later(0.001, print).cancel(), None, refuses):
+            lp._bt_clock_changed = hook
+            with contextlib.suppress(TypeError, LookupError):
+                lp.time = lp.time
+            assert "time" in vars(lp)
+            with contextlib.suppress(TypeError, LookupError):
+                del lp.time
+            assert "time" not in vars(lp)
+            del lp._bt_clock_changed
+        lp.time = lambda: 0.0
+        assert "call_later" not in vars(lp)
+        del lp.time
+        assert lp.run_until_complete(asyncio.sleep(0.001, "ok")) == "ok"
+    finally:
+        lp.close()
+
+
+@pytest.mark.native
+def test_native_a_setattr_further_up_the_mro_is_still_called():
+    """A class after the loop's in a subclass's MRO with a ``__setattr__``
+    (or ``__delattr__``) of its own has it called, as ``super()`` calls it,
+    and ``time`` still switches the timers."""
+    seen: list[tuple[str, str]] = []
+
+    class Stores(asyncio.SelectorEventLoop):
+        def __setattr__(self, name, value):
+            seen.append(("set", name))
+            super().__setattr__(name, value)
+
+        def __delattr__(self, name):
+            seen.append(("del", name))
+            super().__delattr__(name)
+
+    class Loop(bt_loop._NativeTimersMixin, Stores):
+        _bt_stock_time = asyncio.BaseEventLoop.time
+
+        def __init__(self):
+            super().__init__()
+            self._bt_init(None)
+
+    class Mine(bt_loop.EventLoop):  # its own, calling the drop-in loop's
+        def __setattr__(self, name, value):
+            seen.append(("mine", name))
+            super().__setattr__(name, value)
+
+    for lp in (Loop(), Mine()):
+        try:
+            assert ("set", "_ready") in seen or ("mine", "_ready") in seen
+            assert "call_later" in vars(lp)
+            lp.time = lambda: 0.0
+            assert "call_later" not in vars(lp)
+            del lp.time
+            assert "call_later" in vars(lp)
+        finally:
+            lp.close()
+    assert {("set", "time"), ("del", "time"), ("mine", "time")} <= set(seen)
