@@ -24,12 +24,11 @@ through ``call_soon_threadsafe``: thread safety is paid by calls from other
 threads only.  A claim's value is its loop's id, the key of the loop's
 record in :data:`LOOPS`: a weak reference made with the loop's first such
 timer, so nothing of bucketimer's holds a loop and a loop is freed as
-asyncio's is.  Through
-the records a TimerThread's ``close()`` finds the timers it drops and
-``stats()`` the loops that closed; a loop freed with timers pending takes
-their claims with it (``_gone``).  Nothing else is made per loop: a new
-loop's first timer costs what asyncio's first ``call_at`` does
-(docs/performance.rst, "A short-lived loop").
+asyncio's is.  Through the records a TimerThread's ``close()`` finds the
+timers it drops and ``stats()`` the loops that closed; a loop freed with
+timers pending takes their claims with it (``_gone``).  Nothing else is
+made per loop, and nothing is set on it (docs/performance.rst, "A
+short-lived loop").
 """
 
 from __future__ import annotations

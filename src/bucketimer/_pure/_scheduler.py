@@ -2,8 +2,9 @@
 those no loop keeps.
 
 A timer scheduled inside its running loop lives on that loop's own heap
-(``_loop_timer.py``), its claim in the scheduler's dict of them.  Every other timer (no loop, a loop in another thread, a loop
-with a clock or heap of its own) is in the scheduler's ``heapq`` keyed
+(``_loop_timer.py``), its claim in the scheduler's dict of them.  Every
+other timer (no loop, a loop in another thread, a loop with a clock or heap
+of its own) is in the scheduler's ``heapq`` keyed
 ``(deadline_ns, id)``: ids grow in the order timers were scheduled, so
 equal deadlines fire in that order.  The thread, started with the first
 such timer, waits on a ``threading.Condition`` for the earliest deadline;
