@@ -20,11 +20,17 @@ static int is_time(PyObject *name) {
            PyUnicode_CompareWithASCIIString(name, "time") == 0;
 }
 
-/* self[name] = value (NULL: deleted), then the hook for "time".  name and
- * value are the caller's, held across the hook's Python code. */
+/* self[name] = value (NULL: deleted), then the hook for "time".  The store
+ * may run Python code (a descriptor's __set__, a str subclass's __eq__), so
+ * name is held, not borrowed, until it has been read. */
 static PyObject *store(PyObject *self, PyObject *name, PyObject *value) {
-    if (PyObject_GenericSetAttr(self, name, value) < 0) return NULL;
-    if (!is_time(name)) Py_RETURN_NONE;
+    Py_INCREF(name);
+    int time = 0;
+    if (PyObject_GenericSetAttr(self, name, value) == 0) time = is_time(name);
+    else time = -1;
+    Py_DECREF(name);
+    if (time < 0) return NULL;
+    if (!time) Py_RETURN_NONE;
     return PyObject_CallMethod(self, "_bt_clock_changed", NULL);
 }
 
