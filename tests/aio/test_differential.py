@@ -246,6 +246,8 @@ class _Run:
         base = self.loop.time()
         # Computed once: equal slots are equal floats (exact ties).
         self.deadlines = {k: base + k * SLOT for k in range(FIRST, LAST + 2)}
+        #: the loop's clock counts whole milliseconds (stock uvloop's, libuv's)
+        self.ms_clock = uvloop is not None and getattr(type(self.loop), "time", None) is uvloop.Loop.time
         self.fired: list[tuple[int, str, bool]] = []
         self.handles: list[Any] = []
         #: the callbacks tasks armed: (name, handle); and each task's index
@@ -266,7 +268,22 @@ class _Run:
     def delay(self, slot: Deadline) -> Any:
         if isinstance(slot, str):
             return ODD[slot]
-        return None if slot is None else self.deadlines[slot] - self.loop.time()
+        if slot is None:
+            return None
+        self.just_after_a_tick()
+        return self.deadlines[slot] - self.loop.time()
+
+    def just_after_a_tick(self) -> None:
+        """On a millisecond clock, waits for it to tick.  A relative deadline
+        is ``loop.time() + (deadline - loop.time())``, two reads: a tick
+        between them moves it by a millisecond, and two timeouts of one slot
+        armed microseconds apart then expire in two iterations instead of
+        one -- on stock uvloop too, so a trace would follow the clock, not
+        the code.  Just after a tick, the next is a millisecond away."""
+        if self.ms_clock:
+            start = self.loop.time()
+            while self.loop.time() == start:
+                pass
 
     def wake(self, slot: int) -> tuple[float, float]:
         """Seconds from now to the middle of ``slot`` (never near a deadline),
@@ -298,6 +315,7 @@ class _Run:
         if at:
             when = self.deadlines[slot]
             return self.loop.call_at(when, self.on_callback, slot, name, when)
+        self.just_after_a_tick()
         delay = self.deadlines[slot] - self.loop.time()
         when = self.loop.time() + delay
         return self.loop.call_later(delay, self.on_callback, slot, name, when)
