@@ -203,6 +203,10 @@ typedef struct {
     /* the loop's PollStamp, or NULL: drain() runs what was due by its last
      * poll (docs/design.rst, "Order on the loop") */
     PollStampObject *stamp;
+    /* the core's next schedule order at that poll (bt_port_next_seq): what
+     * was scheduled since waits for the next iteration, as asyncio's heap
+     * keeps it; UINT64_MAX before the first */
+    uint64_t polled_seq;
     /* what the stamp adds to a poll's events to queue drain() when the port
      * wakes its loop through the loop's self-pipe (bt_port_wake_by): made by
      * the stamp's _wake_event the first time, or NULL */
@@ -398,7 +402,7 @@ int ext_port_release(PortObject *self);
 int ext_port_deliver_due(PortObject *self, int64_t now);
 /* The bound drain() takes by default: the port's loop's last poll (ns), or
  * -1 (all). */
-int64_t ext_port_drain_bound(PortObject *self);
+int64_t ext_port_drain_bound(PortObject *self, uint64_t *seq);
 
 
 /* scheduler_type.c */

@@ -3,10 +3,11 @@
  * wraps the loop's selector (the drop-in loop's from the start; a stock
  * selector loop's once bucketimer's timers go to it: _timers.py): its
  * select() calls the wrapped one, then reads the core's clock into
- * polled_ns, which the loop's port drain takes as its bound (port_type.c),
- * and runs the pass for each port it watches whose timers may be due by
- * then, so that they run in this iteration, as asyncio runs what its heap
- * holds due (docs/design.rst, "Order on the loop").  _timers.py subclasses
+ * polled_ns and the core's next schedule order into each port's
+ * polled_seq, which bound the port's drain (port_type.c), and runs the pass
+ * for each port it watches whose timers may be due by then, so that they
+ * run in this iteration, as asyncio runs what its heap holds due
+ * (docs/design.rst, "Order on the loop").  _timers.py subclasses
  * it with the rest of the selector API, which is called far less often.  It
  * is C because select() runs once per loop iteration, timers or not: in
  * Python the wrapper cost an idle iteration about 6% of its time; with
@@ -151,6 +152,15 @@ static void deliver_due(PollStampObject *self, PyObject *ready, int64_t now) {
     Py_DECREF(ports);
 }
 
+/* Each watched port's polled_seq: what its drain will leave for the next
+ * iteration, having been scheduled after this poll. */
+static void note_seq(PyObject *ports) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ports); i++) {
+        PortObject *p = (PortObject *)PyList_GET_ITEM(ports, i);
+        if (p->tt) p->polled_seq = bt_port_next_seq(p->port);
+    }
+}
+
 static PyObject *PollStamp_select(PollStampObject *self, PyObject *const *args, size_t nargsf,
                                   PyObject *kwnames) {
     PyObject *select = self->select;
@@ -165,8 +175,10 @@ static PyObject *PollStamp_select(PollStampObject *self, PyObject *const *args, 
     if (!ready) return NULL;
     int64_t now = bt_now_ns();
     self->polled_ns = (long long)now;
-    if (self->ports && PyList_GET_SIZE(self->ports) && PyList_CheckExact(ready))
-        deliver_due(self, ready, now);
+    if (self->ports && PyList_GET_SIZE(self->ports)) {
+        note_seq(self->ports);
+        if (PyList_CheckExact(ready)) deliver_due(self, ready, now);
+    }
     return ready;
 }
 

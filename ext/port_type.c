@@ -104,7 +104,7 @@ static int run_timed(PortObject *self, HandleObject *h, PyObject *on_error, int6
  * cancel() already dropped the slot's reference).  If a callback raises
  * KeyboardInterrupt or SystemExit, the rest stay queued, the port is
  * signalled again, and the exception propagates, as asyncio would let it. */
-static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until) {
+static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until, uint64_t seq) {
     if (atomic_exchange(&self->draining, 1)) return PyLong_FromLong(0); /* re-entered */
     int drop = drop_all || self->drop;
     int timed = !drop && self->on_slow && self->on_slow != Py_None;
@@ -112,13 +112,14 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until) 
     bt_port_ack(self->port);
     long ran = 0;
     bt_timer *t;
-    while ((t = bt_port_pop(self->port)) != NULL) {
-        if (!drop && until >= 0 && bt_timer_deadline(t) > until) {
-            /* Due after the loop's last poll: asyncio would run it in the
-             * next iteration, after what this one queues (docs/design.rst,
-             * "Order on the loop"). */
-            bt_port_unpop(self->port, t);
-            bt_port_signal(self->port);
+    for (;;) {
+        /* Bounded by the loop's last poll: what fell due or was scheduled
+         * since, asyncio would run in the next iteration, after what this
+         * one queues (docs/design.rst, "Order on the loop"). */
+        int bounded = !drop && until >= 0;
+        t = bounded ? bt_port_pop_polled(self->port, until, seq) : bt_port_pop(self->port);
+        if (!t) {
+            if (bounded && bt_port_has_posted(self->port)) bt_port_signal(self->port);
             break;
         }
         HandleObject *h = (HandleObject *)bt_timer_payload(t);
@@ -150,8 +151,11 @@ static PyObject *Port_drain_impl(PortObject *self, int drop_all, int64_t until) 
     return PyLong_FromLong(ran);
 }
 
-int64_t ext_port_drain_bound(PortObject *self) {
+/* The bound of a drain now: the time of the loop's last poll (-1: none)
+ * and, in *seq, the core's next schedule order then. */
+int64_t ext_port_drain_bound(PortObject *self, uint64_t *seq) {
     PollStampObject *stamp = self->stamp;
+    *seq = self->polled_seq;
     return stamp && stamp->polled_ns >= 0 ? (int64_t)stamp->polled_ns : -1;
 }
 
@@ -169,23 +173,32 @@ int ext_port_deliver_due(PortObject *self, int64_t now) {
     return rc > 0;
 }
 
+/* An int argument of drain(): -1 for None or a negative one (no bound). */
+static int bound_arg(PyObject *arg, const char *name, long long *out) {
+    *out = -1;
+    if (arg == Py_None) return 0;
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int or None, not %.100s", name,
+                     Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = v < 0 ? -1 : v;
+    return 0;
+}
+
 static PyObject *Port_drain(PortObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs > 1) {
-        PyErr_Format(PyExc_TypeError, "drain() takes at most 1 argument (%zd given)", nargs);
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "drain() takes at most 2 arguments (%zd given)", nargs);
         return NULL;
     }
-    int64_t until = nargs == 0 ? ext_port_drain_bound(self) : -1;
-    if (nargs == 1 && args[0] != Py_None) {
-        if (!PyLong_Check(args[0])) {
-            PyErr_Format(PyExc_TypeError, "until must be an int or None, not %.100s",
-                         Py_TYPE(args[0])->tp_name);
-            return NULL;
-        }
-        long long v = PyLong_AsLongLong(args[0]);
-        if (v == -1 && PyErr_Occurred()) return NULL;
-        until = v < 0 ? -1 : (int64_t)v;
-    }
-    return Port_drain_impl(self, 0, until);
+    uint64_t seq = UINT64_MAX;
+    long long until = nargs == 0 ? ext_port_drain_bound(self, &seq) : -1, s = -1;
+    if (nargs >= 1 && bound_arg(args[0], "until", &until) < 0) return NULL;
+    if (nargs == 2 && bound_arg(args[1], "seq", &s) < 0) return NULL;
+    if (nargs >= 1) seq = s < 0 ? UINT64_MAX : (uint64_t)s;
+    return Port_drain_impl(self, 0, (int64_t)until, seq);
 }
 
 /* Cancels the timers still bound to this port, wherever they wait (the
@@ -290,7 +303,7 @@ static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
     /* its drain's Handle names the loop: a closed loop is freed by its last
      * reference going, as asyncio's is (its reader's Handle goes likewise) */
     Py_CLEAR(self->wake_event);
-    PyObject *r = Port_drain_impl(self, 1, -1);
+    PyObject *r = Port_drain_impl(self, 1, -1, UINT64_MAX);
     if (!r) return NULL;
     Py_DECREF(r);
     Py_RETURN_NONE;
@@ -318,11 +331,12 @@ static PyObject *Port_get_stamp(PortObject *self, void *Py_UNUSED(c)) {
 
 static PyMethodDef Port_methods[] = {
     {"drain", (PyCFunction)(void (*)(void))Port_drain, METH_FASTCALL,
-     "drain($self, until=<the loop's last poll>, /)\n--\n\n"
-     "Run the posted timers due by ``until`` (monotonic ns; None: all), in (deadline, "
-     "schedule) order; the rest wait for the next drain and the port is signalled again. "
-     "By default, those due by the loop's last poll (stamp), or all.  Returns how many "
-     "were taken."},
+     "drain($self, until=<the loop's last poll>, seq=None, /)\n--\n\n"
+     "Run the posted timers due by ``until`` (monotonic ns; None: all) and scheduled "
+     "before ``seq`` (the core's schedule order; None: any), in (deadline, schedule) "
+     "order; the rest wait for the next drain and the port is signalled again. By "
+     "default, those due and scheduled by the loop's last poll (stamp), or all.  Returns "
+     "how many were taken."},
     {"fileno", (PyCFunction)Port_fileno, METH_NOARGS,
      "The eventfd that becomes readable when timers are posted, the dup of the loop's "
      "self-pipe it signals (wakes_socket), or -1 (none yet, or detached)."},
@@ -393,6 +407,7 @@ PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int 
     self->released = 0;
     atomic_init(&self->draining, 0);
     self->stamp = NULL;
+    self->polled_seq = UINT64_MAX;
     self->wake_event = NULL;
     self->wake_peer = -1;
     self->held = NULL;

@@ -346,8 +346,8 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
  * (ext_port_deliver_due), and if the port then holds anything its drain is
  * queued first, bounded by the loop's last poll: what asyncio's heap would
  * have moved to this iteration's ready queue ahead of the expiry (what fell
- * due since runs after it, in the next iteration).  A loop with no port has
- * no timers to wait for. */
+ * due or was scheduled since runs after it, in the next iteration).  A loop
+ * with no port has no timers to wait for. */
 
 static int deliver_to(TimerThreadObject *self, PyObject *loop) {
     PortObject *port = recorded(self, loop);
@@ -356,13 +356,18 @@ static int deliver_to(TimerThreadObject *self, PyObject *loop) {
     if (port_is_open(port)) {
         ext_port_deliver_due(port, bt_now_ns());
         if (bt_port_has_posted(port->port)) {
-            int64_t bound = ext_port_drain_bound(port);
+            uint64_t seq;
+            int64_t bound = ext_port_drain_bound(port, &seq);
             PyObject *until = bound >= 0 ? PyLong_FromLongLong(bound) : Py_NewRef(Py_None);
-            PyObject *drain = until ? PyObject_GetAttr((PyObject *)port, self->st->str_drain) : NULL;
+            PyObject *before = !until            ? NULL
+                               : seq == UINT64_MAX ? Py_NewRef(Py_None)
+                                                   : PyLong_FromUnsignedLongLong(seq);
+            PyObject *drain = before ? PyObject_GetAttr((PyObject *)port, self->st->str_drain) : NULL;
             PyObject *h = drain ? PyObject_CallMethodObjArgs(loop, self->st->str_call_soon, drain,
-                                                             until, NULL)
+                                                             until, before, NULL)
                                 : NULL;
             Py_XDECREF(until);
+            Py_XDECREF(before);
             Py_XDECREF(drain);
             Py_XDECREF(h);
             ok = h != NULL;

@@ -320,10 +320,15 @@ bt_timer *bt_port_pop(bt_port *port);
  * nothing of the port's could be due (no lock taken, a few loads), or
  * bt_deliver_due's errors. */
 int bt_port_deliver_due(bt_port *port, int64_t now, int32_t wait);
-/* Gives back the timer bt_port_pop just returned, unclaimed: the next pop
- * returns it again (a consumer that stops before a timer, e.g. one due after
- * its loop's last poll; it re-signals the port with bt_port_signal). */
-void bt_port_unpop(bt_port *port, bt_timer *t);
+/* bt_port_pop for a consumer whose loop polled at `until` (CLOCK_MONOTONIC
+ * ns) when the core's next schedule was `seq` (bt_port_next_seq): the next
+ * posted timer due by then and scheduled before then, or NULL.  What it
+ * leaves is popped later, in order; a consumer that stops on NULL with
+ * bt_port_has_posted re-signals the port with bt_port_signal. */
+bt_timer *bt_port_pop_polled(bt_port *port, int64_t until, uint64_t seq);
+/* The schedule order (seq) the core gives its next timer: read at a poll,
+ * it tells the timers scheduled before the poll from those after. */
+uint64_t bt_port_next_seq(bt_port *port);
 /* Id and payload of a popped timer. */
 uint64_t bt_timer_id(bt_timer *t);
 void *bt_timer_payload(bt_timer *t);

@@ -145,6 +145,34 @@ static void test_ports_manual(void) {
     bt_destroy(tt);
 }
 
+/* A consumer's poll at 2000, with the core's next seq then: a timer due by
+ * then but scheduled after it (an earlier deadline, posted by a later pass)
+ * and one due after it are passed over, in their places, for a later pop. */
+static void test_port_pop_polled(void) {
+    bt_timer_thread *tt = manual_core(1000);
+    bt_port *p = open_port(tt);
+    uint64_t a, late, b;
+    CHECK(bt_schedule_port(tt, 1800, p, (void *)1, &a) == 0);
+    CHECK(bt_schedule_port(tt, 2500, p, (void *)2, &late) == 0);
+    CHECK(bt_advance(tt, 2000) == 1); /* a posted */
+    uint64_t seq = bt_port_next_seq(p); /* the poll */
+    CHECK(bt_schedule_port(tt, 1500, p, (void *)3, &b) == 0);
+    CHECK(bt_advance(tt, 2600) == 2); /* b and late posted */
+    bt_timer *t = bt_port_pop_polled(p, 2000, seq);
+    CHECK(t && bt_timer_id(t) == a);
+    if (t) {
+        CHECK(bt_timer_claim(p, t) == 1);
+        bt_timer_release(p, t);
+    }
+    CHECK(bt_port_pop_polled(p, 2000, seq) == NULL);
+    CHECK(bt_port_has_posted(p));
+    /* the next poll: both, in deadline order */
+    uint64_t out[4];
+    CHECK(bt_port_drain_ids(p, out, 4) == 2);
+    CHECK(out[0] == b && out[1] == late);
+    bt_destroy(tt);
+}
+
 /* What a native callback sees of the counters: itself counted as fired,
  * and a port timer of the same pass counted as posted and already on its
  * port.  (They were bumped after the whole pass, after the ports were
@@ -740,6 +768,7 @@ int main(void) {
         {"manual_order_and_ties", test_manual_order_and_ties},
         {"stale_id_after_reuse", test_stale_id_after_reuse},
         {"ports_manual", test_ports_manual},
+        {"port_pop_polled", test_port_pop_polled},
         {"counters_before_delivery", test_counters_before_delivery},
         {"bad_input", test_bad_input},
         {"garbage_bounded", test_garbage_bounded},

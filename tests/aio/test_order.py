@@ -248,3 +248,32 @@ def test_due_timers_from_separate_passes_run_in_deadline_order(mode):
         return earlier_first
 
     assert _in_mode(mode, main) == 50
+
+
+@pytest.mark.parametrize("mode", SELECTOR_MODES, ids=[m[0] for m in SELECTOR_MODES])
+def test_a_due_timer_armed_after_the_poll_runs_in_the_next_iteration(mode):
+    """A timer due at an iteration's poll runs in that iteration; one that a
+    callback of the iteration arms, already due and with an earlier
+    deadline, runs in the next, after it: asyncio moved the first to its
+    ready queue at the poll and pushes the second on its heap after.  The
+    callback holds the loop while the timer thread posts the second beside
+    the first; 50 tries."""
+
+    async def main(helpers: Any) -> int:
+        loop = asyncio.get_running_loop()
+        due_first = 0
+        for _ in range(50):
+            order: list[str] = []
+
+            def arm_an_earlier_one() -> None:
+                loop.call_at(loop.time() - 1, order.append, "B")
+                time.sleep(0.003)
+
+            loop.call_soon(arm_an_earlier_one)
+            loop.call_later(0, order.append, "A")
+            for _ in range(3):
+                await asyncio.sleep(0)
+            due_first += order == ["A", "B"]
+        return due_first
+
+    assert _in_mode(mode, main) == 50
