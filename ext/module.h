@@ -183,7 +183,7 @@ typedef struct {
     PyObject *selector;
     PyObject *select;    /* selector.select, bound when made */
     PyObject *ports;     /* list of the Ports of this selector's loop */
-    long long polled_ns; /* -1 before the first select() returns */
+    long long polled_ns; /* the last select()'s return, or the first _watch; else -1 */
 } PollStampObject;
 #define POLLSTAMP_REFS(X) X(selector) X(select) X(ports)
 

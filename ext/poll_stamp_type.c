@@ -204,6 +204,12 @@ int ext_poll_stamp_watch(PollStampObject *self, PortObject *p) {
         return -1;
     }
     if (p->stamp != self) {
+        /* A stamp may begin mid-iteration (a stock loop's, at bucketimer's
+         * first timer for it), after the poll it cannot have seen: the
+         * bound is then now, and what the port is given from now on waits
+         * for the next poll, as asyncio's heap keeps what a callback arms. */
+        if (self->polled_ns < 0) self->polled_ns = (long long)bt_now_ns();
+        p->polled_seq = p->tt ? bt_port_next_seq(p->port) : UINT64_MAX;
         Py_XSETREF(p->stamp, (PollStampObject *)Py_NewRef(self));
         if (PyList_Append(self->ports, (PyObject *)p) < 0) return -1;
     }
@@ -223,8 +229,8 @@ static PyMemberDef PollStamp_members[] = {
     {"selector", Py_T_OBJECT_EX, offsetof(PollStampObject, selector), Py_READONLY,
      "The wrapped selector."},
     {"polled_ns", Py_T_LONGLONG, offsetof(PollStampObject, polled_ns), Py_READONLY,
-     "When the last select() returned: the core's clock (CLOCK_MONOTONIC) in ns, "
-     "-1 before the first."},
+     "When the last select() returned: the core's clock (CLOCK_MONOTONIC) in ns; before "
+     "the first, when it began watching a port, or -1."},
     {NULL}};
 
 static PyType_Slot PollStamp_slots[] = {

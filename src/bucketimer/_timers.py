@@ -374,8 +374,9 @@ def _connect(loop: Any, port: _core.Port, stamp: PollStamp | None) -> None:
 
 class PollStamp(_core.PollStamp, selectors.BaseSelector):
     """A loop's selector, and what its poll tells the core: when its last
-    ``select()`` returned (``polled_ns``, the core's clock, -1 before the
-    first), which bounds the loop's port drain, and, right after each poll,
+    ``select()`` returned (``polled_ns``, the core's clock; before the
+    first, when it began watching a port), which bounds the loop's port
+    drain with the core's schedule order then, and, right after each poll,
     the timers of the loop's ports due by then, posted (the timer thread's
     pass or one run here) and their reader queued with this iteration's I/O
     callbacks: asyncio runs a timer in the first iteration whose poll came

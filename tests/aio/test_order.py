@@ -277,3 +277,23 @@ def test_a_due_timer_armed_after_the_poll_runs_in_the_next_iteration(mode):
         return due_first
 
     assert _in_mode(mode, main) == 50
+
+
+@pytest.mark.parametrize("mode", SELECTOR_MODES, ids=[m[0] for m in SELECTOR_MODES])
+def test_a_timer_of_a_loops_first_iteration_with_bucketimer_waits_for_the_next_poll(mode):
+    """A stock loop's poll is watched from bucketimer's first timer for it,
+    which comes mid-iteration, after a poll nobody saw.  A timeout entered
+    then, whose deadline passes while the task holds the loop, has not
+    expired when the task, after a passed timeout queued the loop's drain,
+    yields once and leaves it: asyncio runs its timer in the next
+    iteration, after the task."""
+
+    async def main(helpers: Any) -> bool:
+        async with helpers.timeout(0.02) as cm:
+            time.sleep(0.04)
+            async with helpers.timeout(-1):
+                pass
+            await asyncio.sleep(0)
+        return bool(cm.expired())
+
+    assert _in_mode(mode, main) is False
