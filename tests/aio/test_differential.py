@@ -23,11 +23,13 @@ The trace is what a program can observe and asyncio defines:
 * the callbacks that ran, in deadline order, and whether any ran before
   its deadline.
 
-A microsecond's deadline is compared where the loop's poll looks at the
-core (asyncio's selector loops: docs/design.rst, "Order on the loop"); not
-on uvloop, nor on the stock loop when ``BUCKETIMER_PUBLIC_API`` keeps
-bucketimer from wrapping its selector: there such a timer waits for the
-timer thread (docs/asyncio.rst, "One contract").  It goes only around code
+A microsecond's deadline, and a callback armed already due, are compared
+where the loop's poll looks at the core (asyncio's selector loops:
+docs/design.rst, "Order on the loop"); not on uvloop, nor on the stock loop
+when ``BUCKETIMER_PUBLIC_API`` keeps bucketimer from wrapping its selector:
+there such a timer waits for the timer thread (docs/asyncio.rst, "One
+contract"), and runs after what a callback of the next iteration armed
+meanwhile if the thread is slow to post it.  It goes only around code
 that needs two iterations or more: whether a microsecond has passed by the
 time asyncio's own ``reschedule()`` compares it with the clock decides
 whether asyncio queues the expiry with ``call_soon`` or on its heap, so
@@ -51,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -196,8 +199,13 @@ class Program:
     callbacks: tuple[Callback, ...]
 
     def within_an_iteration(self) -> bool:
-        """Whether a deadline of it is shorter than a loop iteration."""
-        return "Tiny(" in repr(self)
+        """Whether a deadline of it is shorter than a loop iteration: a
+        microsecond's timeout, or a callback armed already due (slot 0 or
+        -1), which asyncio runs in the next iteration."""
+        return bool(_SHORTER_THAN_AN_ITERATION.search(repr(self)))
+
+
+_SHORTER_THAN_AN_ITERATION = re.compile(r"Tiny\(|(Arm|Callback)\(slot=(0|-1),")
 
 
 class Boom(Exception):
