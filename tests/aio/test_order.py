@@ -265,11 +265,11 @@ def test_a_due_timer_armed_after_the_poll_runs_in_the_next_iteration(mode):
         for _ in range(50):
             order: list[str] = []
 
-            def arm_an_earlier_one() -> None:
+            def arm_an_earlier_one(order: list[str]) -> None:
                 loop.call_at(loop.time() - 1, order.append, "B")
                 time.sleep(0.003)
 
-            loop.call_soon(arm_an_earlier_one)
+            loop.call_soon(arm_an_earlier_one, order)
             loop.call_later(0, order.append, "A")
             for _ in range(3):
                 await asyncio.sleep(0)
