@@ -401,7 +401,7 @@ int ext_port_release(PortObject *self);
  * due or the core refuses (stopped, forked, one of its own callbacks). */
 int ext_port_deliver_due(PortObject *self, int64_t now);
 /* The bound drain() takes by default: the port's loop's last poll (ns), or
- * -1 (all). */
+ * -1 (all), and in *seq the core's next schedule order then. */
 int64_t ext_port_drain_bound(PortObject *self, uint64_t *seq);
 
 
