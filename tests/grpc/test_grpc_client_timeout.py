@@ -49,7 +49,7 @@ def test_default_timeout_expires_a_hanging_call(backend: Backend, shape: str, st
     with backend.serve(backend.all_shapes("Hang", work)) as addr, \
             backend.channel(addr, backend.mod.DefaultTimeoutInterceptor(0.15)) as ch:
         r = backend.invoke(ch, shape, f"Hang_{shape}")
-    assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED, r
+    assert r.code in backend.deadline_codes(shape), r
     assert 0.14 <= r.elapsed < ENDED, r
 
 

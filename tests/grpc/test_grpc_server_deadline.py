@@ -87,7 +87,7 @@ def test_client_deadline_is_the_budget_when_smaller(backend: Backend, shape: str
             as addr, backend.channel(addr) as ch:
         r = backend.invoke(ch, shape, f"Stub_{shape}", timeout=0.15)
         assert wait_for(lambda: len(log) == 2 and events)
-    assert r.code == grpc.StatusCode.DEADLINE_EXCEEDED, r
+    assert r.code in backend.deadline_codes(shape), r
     assert 0.14 <= r.elapsed < ENDED, r
     assert 0.0 < log[0][2] <= 0.17  # time_remaining(): the client's deadline
     assert_stopped(backend, log[1], 0.0)
