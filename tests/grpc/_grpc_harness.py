@@ -185,7 +185,7 @@ def _canceller(c: Call, call: Any, t0: float) -> Callable[[], None]:
 #: consumer cancels the call on the write's error, and the call then reports
 #: CANCELLED ("Locally cancelled by application!") instead of
 #: DEADLINE_EXCEEDED.  Stock grpc.aio on a stock loop does it too (a timeout
-#: of a millisecond shows it in a few calls of a hundred).
+#: of a millisecond shows it in one to three calls of a hundred).
 LOCALLY_CANCELLED = "asyncio.CancelledError, no cancel of the test's"
 
 
