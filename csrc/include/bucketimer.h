@@ -236,8 +236,10 @@ int64_t bt_next_deadline(bt_timer_thread *tt);
  * it makes due). */
 int bt_deliver_due(bt_timer_thread *tt);
 /* Test only: while held (hold != 0) the timer thread starts no pass, as if
- * it waited for a CPU (consumers' bt_deliver_due still runs theirs).
- * bt_stop lets it go.  -EINVAL in manual-clock mode. */
+ * it waited for a CPU (consumers' bt_deliver_due still runs theirs).  The
+ * thread looks at the hold before each pass: one it had begun to start when
+ * the hold came still runs (a new thread's first, say).  bt_stop lets it
+ * go.  -EINVAL in manual-clock mode. */
 int bt_test_hold(bt_timer_thread *tt, int32_t hold);
 
 void bt_get_stats(bt_timer_thread *tt, bt_stats *out);
