@@ -248,11 +248,7 @@ class Backend:
         raise NotImplementedError
 
     def deadline_codes(self, shape: str) -> tuple[Any, ...]:
-        """The codes of a ``shape`` call that its deadline ended: grpc's
-        DEADLINE_EXCEEDED, and on grpc.aio, for streamed requests, its
-        :data:`LOCALLY_CANCELLED` race too."""
-        if self.name == "aio" and shape.startswith("stream"):
-            return grpc.StatusCode.DEADLINE_EXCEEDED, LOCALLY_CANCELLED
+        """The codes of a ``shape`` call that its deadline ended."""
         return (grpc.StatusCode.DEADLINE_EXCEEDED,)
 
     def __repr__(self) -> str:
@@ -396,6 +392,12 @@ class AioBackend(Backend):
 
     def no_deadline(self, time_remaining: float | None) -> bool:
         return time_remaining is None
+
+    def deadline_codes(self, shape: str) -> tuple[Any, ...]:
+        # streamed requests: grpc.aio's mid-write race too (LOCALLY_CANCELLED)
+        if shape.startswith("stream"):
+            return grpc.StatusCode.DEADLINE_EXCEEDED, LOCALLY_CANCELLED
+        return super().deadline_codes(shape)
 
     async def invoke_from_handler(self, channel: Any, shape: str, method: str, payload: bytes = b"x",
                                   timeout: float | None = None, *, in_task: bool = False) -> Result:
