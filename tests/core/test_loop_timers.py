@@ -10,7 +10,10 @@ the core counts it.
 from __future__ import annotations
 
 import asyncio
+import decimal
+import fractions
 import gc
+import math
 import threading
 import time
 from unittest import mock
@@ -93,6 +96,44 @@ def test_a_loop_whose_clock_is_patched_gets_the_real_clock(tt) -> None:
             return await asyncio.wait_for(fired, 5)
 
     assert asyncio.run(main()) >= 0.05
+
+
+# Delays at and around the edges of the fast path of ``call_later`` inside a
+# running loop: the range it keeps (about 9.2e9 s), ints beyond a float's,
+# NaN, infinities, and numbers that are not a float or an int.
+EDGE_DELAYS = [0, -1, 0.5, 30, 2**53 + 1, 9.2e9 - 1, 9.2e9, 9.2e9 + 1, -9.2e9, -9.3e9, 2**63,
+               10**400, -(10**400), 1e300, -1e300, math.inf, -math.inf, math.nan, -0.0, True,
+               decimal.Decimal("30"), decimal.Decimal("NaN"), fractions.Fraction(1, 3), "30",
+               None]
+
+
+def _answer(tt: bucketimer.TimerThread, delay: object) -> tuple[object, ...]:
+    """What ``tt.call_later(delay, ...)`` answers, now: its error, or its
+    deadline relative to the clock read just before (cancelled at once)."""
+    t0 = time.monotonic()
+    try:
+        h = tt.call_later(delay, print)  # type: ignore[arg-type]
+    except Exception as exc:
+        return (type(exc), str(exc))
+    when = h.when()
+    assert h.cancel() is True
+    if math.isinf(when):
+        return ("when", when)
+    return ("in", round(when - t0, 1) if abs(when - t0) < 1e9 else when - t0 > 0)
+
+
+@pytest.mark.parametrize("delay", EDGE_DELAYS, ids=repr)
+def test_a_delay_inside_a_running_loop_answers_as_outside_one(tt, delay: object) -> None:
+    """Inside a running loop, where the pure backend keeps the timer on the
+    loop's heap by a path of its own, every delay gets what it gets with no
+    loop: the same error and message, or the same deadline."""
+    outside = _answer(tt, delay)
+
+    async def inside() -> tuple[object, ...]:
+        return _answer(tt, delay)
+
+    assert asyncio.run(inside()) == outside
+    assert tt.stats()["scheduled"] == tt.stats()["cancelled"]
 
 
 @pytest.mark.parametrize("ender", [

@@ -27,6 +27,7 @@ _base_time = BaseEventLoop.time
 ceil = math.ceil
 copy_context = contextvars.copy_context
 _weakref = weakref.ref
+_LOWEST = -SECONDS_RANGE
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -89,11 +90,21 @@ class TimerThread:
         if sched._closed:
             return self._reopened().call_later(delay, callback, *args, loop=loop,
                                                context=context)
-        # (the common case, a float or int in range, skips to_seconds; NaN
-        # and everything else goes through it, for its errors)
-        if (type(delay) is float or type(delay) is int) and (
-                -SECONDS_RANGE <= delay <= SECONDS_RANGE):
-            seconds = monotonic() + delay
+        # The common case, a float or int whose deadline is in range, skips
+        # to_seconds; NaN, an int too large for a float and everything else
+        # go through it, for its errors.  The range is tested on the float
+        # deadline, not on the delay: an int compared with a float takes a
+        # path of CPython's that is seldom in a cache, and a new loop's first
+        # timer paid 0.3-0.7 us for it (docs/performance.rst, "A short-lived
+        # loop").
+        if type(delay) is float or type(delay) is int:
+            try:
+                seconds = monotonic() + delay
+            except OverflowError:
+                seconds = math.nan
+        else:
+            seconds = math.nan
+        if _LOWEST < seconds < SECONDS_RANGE:
             # the commonest of all, inline: in a running loop that keeps it
             # on its heap (keeps_heap(), for the classes known to), and
             # arm() itself (a call costs a new loop's first timer 0.05 µs,
