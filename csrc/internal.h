@@ -170,7 +170,10 @@ struct bt_port {
     struct bt_timer *pass_tail;
     struct bt_port *pass_next;
     int in_pass;
-    struct bt_port *all_next;  /* list of every port, for bt_destroy */
+    /* the core's list of open ports, for bt_destroy and bt_get_stats; then,
+     * once retired, its list of ports to free (bt_port_retire) */
+    struct bt_port *all_next;
+    struct bt_port **all_pprev; /* what points at this one in the open list */
 };
 
 /* Finished slots of one bucket, given back in one lock at the end of a pass. */
@@ -242,9 +245,17 @@ struct bt_timer_thread {
 
     /* ports */
     pthread_mutex_t ports_mutex;
-    struct bt_port *ports;
-    uint32_t nports;
+    struct bt_port *ports;   /* open: not retired */
+    uint32_t nports;         /* ever opened */
     bt_port *orphans;
+    /* Retired ports (bt_port_retire), under ports_mutex: freed at the start
+     * of the next pass; `has_retired` lets a pass skip the lock. */
+    struct bt_port *retired;
+    _Atomic int has_retired;
+    /* the consumer counters of retired ports, under ports_mutex: stats()
+     * counts a timer a port ran after the port has gone */
+    uint64_t gone_ran, gone_dropped, gone_early, gone_late_sum;
+    uint64_t gone_hist[BT_HIST_BUCKETS];
 };
 
 /* The length at which a bucket's list is pruned in place (rule 5), once it
@@ -395,6 +406,9 @@ static inline int bt__in_pass_of(const bt_timer_thread *tt) {
  * the orphan port instead), 1 otherwise. */
 int bt__port_post(bt_port *port, struct bt_timer *head, struct bt_timer *tail);
 void bt__port_free(bt_port *port);
+/* Under pass_mutex, before a pass takes anything: frees the ports retired
+ * before it began (bt_port_retire says why none can be in use). */
+void bt__reclaim_ports(bt_timer_thread *tt);
 /* Counts a timer that ran `lateness` ns late in `hist` and adds its
  * lateness to `sum` (at most 2^(BT_HIST_BUCKETS-2) ns: the last bucket's
  * start, so that no timer due "as soon as possible", whose lateness

@@ -268,6 +268,7 @@ void bt__destroy_now(bt_timer_thread *tt) {
         bt__port_free(p);
         p = next;
     }
+    bt__reclaim_ports(tt);
     bt__heap_free(&tt->heap);
     bt__pool_destroy(tt);
     for (uint32_t b = 0; b < tt->nbuckets; b++) pthread_mutex_destroy(&tt->buckets[b].mutex);

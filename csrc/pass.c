@@ -416,6 +416,7 @@ static uint64_t fire_due(bt_timer_thread *tt, int64_t now, size_t dead_budget, i
 
 uint64_t bt__one_pass(bt_timer_thread *tt, int64_t now, int do_collect, size_t dead_budget,
                       int consumer, int *more) {
+    bt__reclaim_ports(tt);
     if (do_collect) bt__collect_lists(tt, !consumer);
     uint64_t fired = fire_due(tt, now, dead_budget, consumer, more);
     bt__flush_reaped(tt);

@@ -82,6 +82,8 @@ int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     }
     pthread_mutex_lock(&tt->ports_mutex);
     p->all_next = tt->ports;
+    if (p->all_next) p->all_next->all_pprev = &p->all_next;
+    p->all_pprev = &tt->ports;
     tt->ports = p;
     tt->nports++;
     pthread_mutex_unlock(&tt->ports_mutex);
@@ -456,4 +458,62 @@ size_t bt_port_drain_ids(bt_port *port, uint64_t *ids, size_t max) {
 void bt__port_free(bt_port *port) {
     close_fd(port);
     free(port);
+}
+
+/* ---- the end of a port ----------------------------------------------------
+ * A port's memory outlives its detach: the timer thread may be inside a
+ * post to it (enter .. leave) when the detach returns, and a pass may have
+ * it in its list of ports to flush (a timer of it staged, then cancelled).
+ * Both happen in a pass, and passes run one at a time under pass_mutex; so
+ * a retired port (taken off the open list) is freed by the next pass to
+ * look, before it takes anything, when any pass that staged it has ended.
+ * No later pass reaches it: nothing schedules on a port after its retire,
+ * and none of its timers is PENDING or POSTED (bt_port_retire's contract),
+ * so no fire stages it.  A slot freed since may still name it; only a
+ * generation check reads that (pool.c), and compares the pointer without
+ * following it.  `has_retired` is relaxed: a pass that misses a retire
+ * leaves the port to a later one. */
+
+static void fold_counters(bt_timer_thread *tt, bt_port *p) {
+#define GONE(field) atomic_load_explicit(&p->field, memory_order_relaxed)
+    tt->gone_ran += GONE(ran);
+    tt->gone_dropped += GONE(dropped);
+    tt->gone_early += GONE(early);
+    tt->gone_late_sum += GONE(late_sum);
+    for (int i = 0; i < BT_HIST_BUCKETS; i++) tt->gone_hist[i] += GONE(hist[i]);
+#undef GONE
+}
+
+int bt_port_retire(bt_port *port) {
+    if (!port) return -EINVAL;
+    bt_timer_thread *tt = port->tt;
+    if (bt__forked(tt)) return -ECHILD; /* (ports_mutex: see bt_port_open) */
+    if (port == tt->orphans) return -EINVAL;
+    if (!atomic_load(&port->detached)) return -EBUSY;
+    /* After the detach nothing more is pushed: what is queued stays. */
+    if (atomic_load(&port->stack) || port->batch) return -EBUSY;
+    pthread_mutex_lock(&tt->ports_mutex);
+    fold_counters(tt, port);
+    *port->all_pprev = port->all_next;
+    if (port->all_next) port->all_next->all_pprev = port->all_pprev;
+    port->all_next = tt->retired;
+    port->all_pprev = NULL;
+    tt->retired = port;
+    atomic_store_explicit(&tt->has_retired, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->ports_mutex);
+    return 0;
+}
+
+void bt__reclaim_ports(bt_timer_thread *tt) {
+    if (!atomic_load_explicit(&tt->has_retired, memory_order_relaxed)) return;
+    pthread_mutex_lock(&tt->ports_mutex);
+    bt_port *p = tt->retired;
+    tt->retired = NULL;
+    atomic_store_explicit(&tt->has_retired, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&tt->ports_mutex);
+    while (p) {
+        bt_port *next = p->all_next;
+        bt__port_free(p);
+        p = next;
+    }
 }

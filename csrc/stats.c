@@ -44,6 +44,11 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     s->buckets = tt->nbuckets;
     pthread_mutex_lock(&tt->ports_mutex);
     s->ports = tt->nports;
+    s->ran += tt->gone_ran;
+    s->dropped += tt->gone_dropped;
+    s->early_fires += tt->gone_early;
+    s->lateness_sum += tt->gone_late_sum;
+    for (int i = 0; i < BT_HIST_BUCKETS; i++) s->lateness_hist[i] += tt->gone_hist[i];
     for (bt_port *p = tt->ports; p; p = p->all_next) {
         s->ran += atomic_load_explicit(&p->ran, memory_order_relaxed);
         s->dropped += atomic_load_explicit(&p->dropped, memory_order_relaxed);

@@ -288,8 +288,18 @@ int32_t bt_port_wakes_socket(bt_port *port);
  * timers that fall due for it later go to the core's orphan port (see
  * bt_orphans); nothing is ever signalled on a closed fd.  It may wait for a
  * post to this port in progress on the timer thread (one push and one fd
- * write).  Its memory lives until bt_destroy.  -EINVAL for the orphan port. */
+ * write).  Its memory lives until bt_port_retire or bt_destroy.  -EINVAL for
+ * the orphan port. */
 int bt_port_detach(bt_port *port);
+/* The caller is done with a detached port it has drained: nothing calls
+ * bt_port_* on it or schedules on it again, and none of its timers is
+ * PENDING or POSTED (each was cancelled, or ran, or was released: a port
+ * whose consumer holds no timer of it, after bt_port_cancel_all).  Its
+ * memory is freed by the core's next pass, or by bt_destroy; what its
+ * consumer counted stays in bt_get_stats.  -EBUSY if it is not detached or
+ * still holds posted timers (then it lives until bt_destroy, as before),
+ * -EINVAL for the orphan port, -ECHILD after fork. */
+int bt_port_retire(bt_port *port);
 /* Cancels every timer bound to the port that has not started: PENDING ones,
  * and POSTED ones still queued (here or, once detached, on the orphan port).
  * on_drop(ctx, port, payload) is called for each, as by bt_drop_all, from
