@@ -249,13 +249,12 @@ struct bt_timer_thread {
     uint32_t nports;         /* ever opened */
     bt_port *orphans;
     /* Retired ports (bt_port_retire), under ports_mutex: freed at the start
-     * of the next pass; `has_retired` lets a pass skip the lock. */
+     * of the next pass, which adds what their consumers counted to the
+     * *_native counters above (it is their one writer) and to
+     * gone_dropped; `has_retired` lets a pass skip the lock. */
     struct bt_port *retired;
     _Atomic int has_retired;
-    /* the consumer counters of retired ports, under ports_mutex: stats()
-     * counts a timer a port ran after the port has gone */
-    uint64_t gone_ran, gone_dropped, gone_early, gone_late_sum;
-    uint64_t gone_hist[BT_HIST_BUCKETS];
+    uint64_t gone_dropped; /* under ports_mutex */
 };
 
 /* The length at which a bucket's list is pruned in place (rule 5), once it

@@ -474,14 +474,14 @@ void bt__port_free(bt_port *port) {
  * following it.  `has_retired` is relaxed: a pass that misses a retire
  * leaves the port to a later one. */
 
+/* Under pass_mutex (the *_native counters' one writer) and ports_mutex
+ * (bt_get_stats sees the port listed or its counts added, never both). */
 static void fold_counters(bt_timer_thread *tt, bt_port *p) {
-#define GONE(field) atomic_load_explicit(&p->field, memory_order_relaxed)
-    tt->gone_ran += GONE(ran);
-    tt->gone_dropped += GONE(dropped);
-    tt->gone_early += GONE(early);
-    tt->gone_late_sum += GONE(late_sum);
-    for (int i = 0; i < BT_HIST_BUCKETS; i++) tt->gone_hist[i] += GONE(hist[i]);
-#undef GONE
+    bt__bump(&tt->ran_native, BT_LOAD(p->ran));
+    bt__bump(&tt->early_native, BT_LOAD(p->early));
+    bt__bump(&tt->late_sum_native, BT_LOAD(p->late_sum));
+    for (int i = 0; i < BT_HIST_BUCKETS; i++) bt__bump(&tt->hist_native[i], BT_LOAD(p->hist[i]));
+    tt->gone_dropped += BT_LOAD(p->dropped);
 }
 
 int bt_port_retire(bt_port *port) {
@@ -493,7 +493,6 @@ int bt_port_retire(bt_port *port) {
     /* After the detach nothing more is pushed: what is queued stays. */
     if (atomic_load(&port->stack) || port->batch) return -EBUSY;
     pthread_mutex_lock(&tt->ports_mutex);
-    fold_counters(tt, port);
     *port->all_pprev = port->all_next;
     if (port->all_next) port->all_next->all_pprev = port->all_pprev;
     port->all_next = tt->retired;
@@ -510,6 +509,7 @@ void bt__reclaim_ports(bt_timer_thread *tt) {
     bt_port *p = tt->retired;
     tt->retired = NULL;
     atomic_store_explicit(&tt->has_retired, 0, memory_order_relaxed);
+    for (bt_port *q = p; q; q = q->all_next) fold_counters(tt, q);
     pthread_mutex_unlock(&tt->ports_mutex);
     while (p) {
         bt_port *next = p->all_next;

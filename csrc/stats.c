@@ -9,6 +9,15 @@
 
 /* ---- counters (rule 10) ------------------------------------------------- */
 
+/* What a port's consumer counted. */
+static void add_port(bt_stats *s, bt_port *p) {
+    s->ran += BT_LOAD(p->ran);
+    s->dropped += BT_LOAD(p->dropped);
+    s->early_fires += BT_LOAD(p->early);
+    s->lateness_sum += BT_LOAD(p->late_sum);
+    for (int i = 0; i < BT_HIST_BUCKETS; i++) s->lateness_hist[i] += BT_LOAD(p->hist[i]);
+}
+
 void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     memset(s, 0, sizeof(*s));
     if (!tt || bt__forked(tt)) return;
@@ -33,29 +42,21 @@ void bt_get_stats(bt_timer_thread *tt, bt_stats *s) {
     s->reaped += LD(reaped) + LD(consumer_reaped);
     s->heap_size = LD(heap_size);
     s->eventfd_writes = LD(eventfd_writes);
+    s->slots_retired = LD(slots_retired);
+    s->dead = s->cancelled > s->reaped ? s->cancelled - s->reaped : 0;
+    s->slots = (uint64_t)atomic_load(&tt->nblocks) * BT_BLOCK_SLOTS;
+    s->buckets = tt->nbuckets;
+    /* Under ports_mutex, where a freed port's counts move into these: a
+     * port is summed below or in them, once. */
+    pthread_mutex_lock(&tt->ports_mutex);
     s->ran = LD(ran_native);
     s->early_fires = LD(early_native);
     s->lateness_sum = LD(late_sum_native);
     for (int i = 0; i < BT_HIST_BUCKETS; i++) s->lateness_hist[i] = LD(hist_native[i]);
-    s->slots_retired = LD(slots_retired);
 #undef LD
-    s->dead = s->cancelled > s->reaped ? s->cancelled - s->reaped : 0;
-    s->slots = (uint64_t)atomic_load(&tt->nblocks) * BT_BLOCK_SLOTS;
-    s->buckets = tt->nbuckets;
-    pthread_mutex_lock(&tt->ports_mutex);
     s->ports = tt->nports;
-    s->ran += tt->gone_ran;
-    s->dropped += tt->gone_dropped;
-    s->early_fires += tt->gone_early;
-    s->lateness_sum += tt->gone_late_sum;
-    for (int i = 0; i < BT_HIST_BUCKETS; i++) s->lateness_hist[i] += tt->gone_hist[i];
-    for (bt_port *p = tt->ports; p; p = p->all_next) {
-        s->ran += atomic_load_explicit(&p->ran, memory_order_relaxed);
-        s->dropped += atomic_load_explicit(&p->dropped, memory_order_relaxed);
-        s->early_fires += atomic_load_explicit(&p->early, memory_order_relaxed);
-        s->lateness_sum += atomic_load_explicit(&p->late_sum, memory_order_relaxed);
-        for (int i = 0; i < BT_HIST_BUCKETS; i++)
-            s->lateness_hist[i] += atomic_load_explicit(&p->hist[i], memory_order_relaxed);
-    }
+    s->dropped = tt->gone_dropped;
+    for (bt_port *p = tt->ports; p; p = p->all_next) add_port(s, p);
+    for (bt_port *p = tt->retired; p; p = p->all_next) add_port(s, p);
     pthread_mutex_unlock(&tt->ports_mutex);
 }
