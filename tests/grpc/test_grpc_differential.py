@@ -532,20 +532,25 @@ def test_status_matrix(matrix: Matrix, records: _Records, behaviour: str) -> Non
     """A row that shows a difference fails, unless the process was paused
     for longer than the interceptors' margins meanwhile: that row runs
     again, up to three times in all, and the last one fails on any
-    difference; so does a row left undecided twice."""
+    difference.  A row left undecided (a handler that began with its
+    deadline spent) runs again too, and fails if it is undecided four times
+    (on a 2-vCPU machine building an emulated root beside the tests, 3 of
+    the 19 rows were undecided twice in a row; run alone, the module had
+    one such row in six runs)."""
     if behaviour not in matrix.behaviours:
         pytest.skip(f"{behaviour}: {', '.join(sorted(AIO_ONLY))} is the aio handler's own")
-    undecided_runs = 0
-    for attempt in range(3):
+    undecided_runs = stalled_runs = 0
+    for attempt in range(6):
         with _stall_watch() as worst:
             problems, undecided = run_row(matrix, records, behaviour, attempt)
-        if problems and worst[0] >= STALL and attempt < 2:
+        if problems and worst[0] >= STALL and stalled_runs < 2:
+            stalled_runs += 1
             continue
         assert not problems, "\n".join(problems) + f"\n(the longest pause: {worst[0]:.3f} s)"
         if not undecided:
             return
         undecided_runs += 1
-        if undecided_runs == 2:
+        if undecided_runs == 4:
             break
     pytest.fail("handlers that never ran (the machine stalled past the budget):\n"
                 + "\n".join(undecided))
