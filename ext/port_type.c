@@ -51,17 +51,22 @@ static void Port_dealloc(PortObject *self) {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     if (self->weakreflist) PyObject_ClearWeakRefs((PyObject *)self);
+    /* Forgotten first: the record's update may run Python code (the GC),
+     * and once retired the bt_port may be freed at any moment by the timer
+     * thread's next pass, so nothing may find it through the TimerThread's
+     * cache then. */
+    if (self->tt) ext_forget_port(self->tt, self);
     /* No Handle refers to it any more (each holds it), so none of its
      * timers is pending or queued: nothing of the core's is bound to it
      * but its fd, closed by the detach.  Retired, the bt_port is freed by
      * the core's next pass (a loop per request would otherwise leave one
-     * per loop until the TimerThread goes).  A port the GC cleared has no
-     * tt here: it lives until the core is destroyed, as it always did. */
+     * per loop until the TimerThread goes); self->port is not read after.
+     * A port the GC cleared has no tt here: it lives until the core is
+     * destroyed, as it always did. */
     if (!self->drop && self->tt) {
         if (!self->released && !bt_port_detached(self->port)) (void)bt_port_detach(self->port);
         (void)bt_port_retire(self->port);
     }
-    if (self->tt) ext_forget_port(self->tt, self);
     PORT_REFS(EXT_CLEAR_REF)
     tp->tp_free(self);
     Py_DECREF(tp);
