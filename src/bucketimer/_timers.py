@@ -660,12 +660,14 @@ def _start_default() -> None:
         pass
 
 
-# BUCKETIMER_LAZY_START=1: the first timer makes them instead (no thread
-# at import; docs/asyncio.rst, "The first timer").
-if os.environ.get("BUCKETIMER_LAZY_START", "") in ("", "0"):
-    threading.Thread(target=_start_default, name="bucketimer-start", daemon=True).start()
-
 # The native module makes the default (and the timeouts' TimerThread) of this class.
 _core._set_default_class(TimerThread)
 _core._set_attach(_attach_class, PollStamp, _report_to_loop, socket.socket,
                   selectors.BaseSelector)
+
+# Last, once the native module knows the default's class: a start thread
+# that ran before would find none, fail quietly, and leave the first timer
+# to make them after all.  BUCKETIMER_LAZY_START=1: the first timer makes
+# them (no thread at import; docs/asyncio.rst, "The first timer").
+if os.environ.get("BUCKETIMER_LAZY_START", "") in ("", "0"):
+    threading.Thread(target=_start_default, name="bucketimer-start", daemon=True).start()

@@ -20,7 +20,7 @@ import time
 import weakref
 
 import pytest
-from _helpers import fd_count, posted_at_least, run_python, wait_until
+from _helpers import check_ok, fd_count, posted_at_least, run_python, wait_until
 
 import bucketimer
 
@@ -645,3 +645,35 @@ def test_first_timer_for_a_loop_from_another_thread_while_it_starts_and_closes()
     finally:
         tt.close()
 
+
+
+_IMPORT_START = """
+    import asyncio, os, sys, threading, time
+    import bucketimer
+
+    def dispatchers():
+        return [t for t in threading.enumerate() if t.name == "bucketimer-dispatcher"]
+
+    lazy = os.environ.get("BUCKETIMER_LAZY_START") == "1"
+    deadline = time.monotonic() + (0.3 if lazy else 20)
+    while not dispatchers() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    before = len(dispatchers())
+
+    async def first():
+        bucketimer.call_later(30, print).cancel()
+
+    asyncio.run(first())
+    print(before, len(dispatchers()))
+"""
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("lazy", ["0", "1"])
+def test_import_starts_the_default_timer_thread_unless_lazy(lazy):
+    """Importing bucketimer makes the default TimerThread and its dispatcher
+    in the background, so the process's first timer makes neither
+    (docs/asyncio.rst, "The first timer"); BUCKETIMER_LAZY_START=1 leaves
+    them to that first timer.  Either way there is one dispatcher after it."""
+    out = check_ok(run_python(_IMPORT_START, env={"BUCKETIMER_LAZY_START": lazy}))
+    assert out.split() == (["0", "1"] if lazy == "1" else ["1", "1"])
