@@ -496,8 +496,14 @@ def _poll_stamp(loop: Any) -> PollStamp | None:
     return stamp
 
 
-# How often the dispatcher looks for loops that closed behind our back.
+# How often the dispatcher looks for loops that closed behind our back, and
+# how long it goes on once none is left: a process that runs asyncio.run()
+# per request, per test or per notebook cell would otherwise see the audits
+# stop between two runs, and each run's first timer connect its loop in
+# Python and wake the dispatcher again (docs/design.rst, "Who connects the
+# port").
 _AUDIT_PERIOD = 1.0
+_AUDIT_IDLE = 60.0
 
 
 def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
@@ -514,6 +520,7 @@ def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
     for fd in (port_fd, orphans_fd, wake_r):
         poller.register(fd, select.POLLIN)
     next_audit = time.monotonic() + _AUDIT_PERIOD
+    idle_since: float | None = None  # when the audit last found loops gone
     try:
         while True:
             tt = tt_ref()
@@ -541,12 +548,19 @@ def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
             now = time.monotonic()
             if not serves_loops:
                 next_audit = now + _AUDIT_PERIOD
+                idle_since = None
             elif now >= next_audit:
                 next_audit = now + _AUDIT_PERIOD
                 tt._audit_loops()
-                with tt._lock:  # none left: sleep until the next first loop
-                    if not tt._ports:
+                with tt._lock:
+                    if tt._ports:
+                        idle_since = None
+                    elif idle_since is None:
+                        idle_since = now
+                    elif now - idle_since >= _AUDIT_IDLE:
+                        # none left for a while: sleep until the next first loop
                         tt._audits = tt._fast_attach = False
+                        idle_since = None
             del tt
     finally:
         os.close(wake_r)

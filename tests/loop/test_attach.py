@@ -279,3 +279,29 @@ def test_a_selector_that_registers_another_stamp_class_as_it_is_read_is_no_crash
     finally:
         register(_timers.PollStamp)
         loop.close()
+
+
+def test_loops_one_after_another_keep_the_c_path_until_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that runs a loop per request, test or cell, with gaps
+    between them longer than the audit period, connects every loop after the
+    first in C; only once no loop has had a port for ``_AUDIT_IDLE`` does the
+    dispatcher stop its audits, and the next loop goes through ``_attach``."""
+    monkeypatch.setattr(_timers, "_AUDIT_PERIOD", 0.02)
+    monkeypatch.setattr(_timers, "_AUDIT_IDLE", 0.5)
+    tt = bucketimer.TimerThread()
+    try:
+        seen = []
+        for _ in range(3):
+            loop = asyncio.SelectorEventLoop()
+            seen.append(_life(tt, loop)["in C"])
+            time.sleep(0.15)  # several audits, each finding no loop
+        assert seen == [False, True, True]
+        assert tt._fast_attach
+        deadline = time.monotonic() + 10
+        while tt._fast_attach and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not tt._fast_attach  # idle: audits stopped
+        assert _life(tt, asyncio.SelectorEventLoop())["in C"] is False
+        assert tt._fast_attach  # and started again
+    finally:
+        tt.close()
