@@ -111,16 +111,7 @@ class TimerThread(_core.TimerThread):
                 self._start_dispatcher(port)
                 return
             port.on_error = _make_loop_reporter(loop)
-            # The dispatcher releases what a closed loop leaves behind, and
-            # looks at the loops while there are any: woken once, when the
-            # first comes (a wake per loop would hand it the GIL each time).
-            self._port(None)
-            if not self._audits:
-                self._audits = True
-                self._poke_dispatcher()
-            # The next loops' ports may be connected in C (ext/attach.c),
-            # which does what this method does for a loop armed from inside.
-            self._fast_attach = True
+            self._start_audits()
             closed = self._watch_close(loop)
         in_loop = (asyncio.events._get_running_loop() is loop
                    or loop is getattr(_made, "loop", None))
@@ -153,6 +144,18 @@ class TimerThread(_core.TimerThread):
         # installed runs without it: refuse.
         if loop.is_closed():
             raise RuntimeError("cannot schedule on a closed event loop")
+
+    def _start_audits(self) -> None:
+        """The dispatcher releases what a closed loop leaves behind, and
+        looks at the loops while there are any: woken once, when the first
+        comes (a wake per loop would hand it the GIL each time).  From then
+        on, the ports of loops armed from inside may be connected in C
+        (ext/attach.c), which does what _attach does.  Under _lock."""
+        self._port(None)
+        if not self._audits:
+            self._audits = True
+            self._poke_dispatcher()
+        self._fast_attach = True
 
     def _watch_close(self, loop: Any) -> bool:
         """Detach the loop's port when the loop closes, before its selector goes.
@@ -666,10 +669,16 @@ gc.callbacks.append(_before_collection)
 def _start_default() -> None:
     """The default TimerThread and its dispatcher, made in the background at
     import so that the first timer finds them running (making them costs a
-    few hundred microseconds, most of it the dispatcher thread's start).
+    few hundred microseconds, most of it the dispatcher thread's start), and
+    its audits started, so that the first loop's port is connected in C.
     A failure is left to the first timer, which raises it."""
     try:
-        default_timer_thread()._port(None)
+        tt = default_timer_thread()
+        with tt._lock:
+            if not tt._closing:
+                # (the process's first loop is then connected in C too; with
+                # no loop for _AUDIT_IDLE, the dispatcher stops its audits)
+                tt._start_audits()
     except Exception:  # pragma: no cover - the first timer reports it
         pass
 
