@@ -179,14 +179,18 @@ static long socket_fd(ext_state *st, PyObject *loop, PyObject *name) {
 
 /* ---- the attach ---------------------------------------------------------------- */
 
-int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
-    ext_state *st = self->st;
-    if (!self->fast_attach || !st->attach_class || !st->stamp_class) return 0;
+int ext_loop_inside(ext_state *st, PyObject *loop) {
+    if (!st->attach_class) return 0;
     PyObject *running = ext_running_loop(&st->compat);
     if (!running) return -1;
     Py_DECREF(running); /* (compared only) */
-    if (running != loop) return 0;
-    int ok = class_vetted(st, loop);
+    return running == loop ? class_vetted(st, loop) : 0;
+}
+
+int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
+    ext_state *st = self->st;
+    if (!self->fast_attach || !st->stamp_class) return 0;
+    int ok = ext_loop_inside(st, loop);
     if (ok <= 0) return ok;
 
     /* What it needs, read without changing anything. */

@@ -337,6 +337,10 @@ PyObject *ext_weak_target(PyObject *ref);
 /* attach.c: connects a new port to the running loop `loop` in C: 1 done,
  * 0 not a case for it (nothing changed: _attach's), -1 with an exception. */
 int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port);
+/* attach.c: 1 if `loop` is this thread's running loop and of a class vetted
+ * for ext_attach_fast (an asyncio selector loop, open while it runs), 0 if
+ * not, -1 with an exception. */
+int ext_loop_inside(ext_state *st, PyObject *loop);
 PyObject *ext_set_attach(PyObject *m, PyObject *args);
 /* _core.call_later / call_at: the default TimerThread's. */
 PyObject *ext_module_call_later(PyObject *m, PyObject *const *args, Py_ssize_t nargs,

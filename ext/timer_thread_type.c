@@ -315,10 +315,14 @@ PortObject *ext_port_for(TimerThreadObject *self, PyObject *loop) {
     if (loop == Py_None)
         return self->dispatcher ? (PortObject *)Py_NewRef(self->dispatcher)
                                 : open_port(self, loop);
-    if (check_loop(self->st, loop) < 0) return NULL;
+    /* This thread's running loop, of a class vetted for the C attach, is a
+     * loop, and open: asyncio's close() refuses to close a running loop.
+     * (Asking costs a new loop's first timer two cold calls.) */
+    int inside = ext_loop_inside(self->st, loop);
+    if (inside < 0 || (!inside && check_loop(self->st, loop) < 0)) return NULL;
     PortObject *port = recorded(self, loop);
     if (!port && PyErr_Occurred()) return NULL;
-    int closed = loop_is_closed(self->st, loop);
+    int closed = inside ? 0 : loop_is_closed(self->st, loop);
     if (closed) { /* (or is_closed() raised: its exception stands) */
         if (closed > 0) { /* a loop that closed without its close hook running */
             if (port) forget_and_release(self, loop, port);
