@@ -192,7 +192,7 @@ def loops(n):
 
 loops(3000)  # the allocator's pools and the interpreter's caches filled
 before = rss_bytes()
-loops(int(sys.argv[1]) if len(sys.argv) > 1 else 30000)
+loops(int(sys.argv[1]) if len(sys.argv) > 1 else 12000)
 print(json.dumps({"grown": rss_bytes() - before,
                   "ports": bucketimer.default_timer_thread().stats()["ports"]}))
 """
@@ -205,8 +205,8 @@ def test_a_loop_per_request_leaves_nothing_behind():
     TimerThread went: 100 000 loops, one timer each, grew RSS by 51 MB."""
     out = json.loads(check_ok(run_python(LOOP_PER_REQUEST, timeout=300)).strip().splitlines()[-1])
     if bucketimer.backend == "native":
-        assert out["ports"] >= 33_000, out
-    assert out["grown"] < 4 * MB, out
+        assert out["ports"] >= 15_000, out
+    assert out["grown"] < 2 * MB, out  # (the kept ports grew it by 6.4 MB)
 
 
 OOM = r"""
