@@ -472,7 +472,11 @@ void bt__port_free(bt_port *port) {
  * so no fire stages it.  A slot freed since may still name it; only a
  * generation check reads that (pool.c), and compares the pointer without
  * following it.  `has_retired` is relaxed: a pass that misses a retire
- * leaves the port to a later one. */
+ * leaves the port to a later one.  The retire frees it itself when it finds
+ * pass_mutex free: no pass is running then, and none can start while it
+ * holds the lock.  (The next pass may be far off: a core whose timers were
+ * all cancelled sleeps until the first of their deadlines, and a process
+ * running a loop per request would keep a port per loop until then.) */
 
 /* Under pass_mutex (the *_native counters' one writer) and ports_mutex
  * (bt_get_stats sees the port listed or its counts added, never both). */
@@ -500,6 +504,11 @@ int bt_port_retire(bt_port *port) {
     tt->retired = port;
     atomic_store_explicit(&tt->has_retired, 1, memory_order_relaxed);
     pthread_mutex_unlock(&tt->ports_mutex);
+    /* (EBUSY, too, for a native callback of a pass, whose thread holds it) */
+    if (pthread_mutex_trylock(&tt->pass_mutex) == 0) {
+        bt__reclaim_ports(tt);
+        pthread_mutex_unlock(&tt->pass_mutex);
+    }
     return 0;
 }
 

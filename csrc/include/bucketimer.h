@@ -295,7 +295,8 @@ int bt_port_detach(bt_port *port);
  * bt_port_* on it or schedules on it again, and none of its timers is
  * PENDING or POSTED (each was cancelled, or ran, or was released: a port
  * whose consumer holds no timer of it, after bt_port_cancel_all).  Its
- * memory is freed by the core's next pass, or by bt_destroy; what its
+ * memory is freed here if no pass is running, else by the core's next pass
+ * (or by bt_destroy); what its
  * consumer counted stays in bt_get_stats.  -EBUSY if it is not detached or
  * still holds posted timers (then it lives until bt_destroy, as before),
  * -EINVAL for the orphan port, -ECHILD after fork. */

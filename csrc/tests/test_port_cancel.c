@@ -147,7 +147,18 @@ static void test_races_the_timer_thread(void) {
 /* Retire refuses a port still in use; once its port is detached and drained
  * it takes it, the next pass frees it (ASan sees any later use), and what
  * the port ran stays in the stats. */
-static void test_retire_frees_at_the_next_pass_and_keeps_counts(void) {
+struct retire_in_pass {
+    bt_port *port;
+    int rc;
+};
+
+static void retire_in_pass(void *arg, uint64_t id) {
+    (void)id;
+    struct retire_in_pass *r = arg;
+    r->rc = bt_port_retire(r->port);
+}
+
+static void test_retire_frees_the_port_and_keeps_counts(void) {
     bt_timer_thread *tt = manual_core(1000);
     bt_port *p;
     CHECK(bt_port_open(tt, 1, &p) == 0);
@@ -170,14 +181,24 @@ static void test_retire_frees_at_the_next_pass_and_keeps_counts(void) {
     bt_stats st;
     bt_get_stats(tt, &st);
     CHECK(st.ran == 1 && st.ports == 2); /* the orphan port's and p's: opened */
-    CHECK(bt_advance(tt, 10000) == 0);    /* frees p */
+    CHECK(bt_advance(tt, 10000) == 0); /* (p was freed by its retire: no pass ran) */
     bt_get_stats(tt, &st);
     CHECK(st.ran == 1 && st.cancelled == 2);
     CHECK(balanced(tt));
-    /* a port retired and never freed by a pass: bt_destroy frees it */
-    CHECK(bt_port_open(tt, 0, &p) == 0);
-    CHECK(bt_port_detach(p) == 0);
-    CHECK(bt_port_retire(p) == 0);
+    /* retired while a pass runs (by a native callback of it): left to the
+     * next pass; one retired the same way before bt_destroy: freed there */
+    struct retire_in_pass r = {0, 0};
+    CHECK(bt_port_open(tt, 0, &r.port) == 0);
+    CHECK(bt_port_detach(r.port) == 0);
+    CHECK(bt_schedule_native(tt, 11000, retire_in_pass, &r, &id) == 0);
+    CHECK(bt_advance(tt, 11000) == 1);
+    CHECK(r.rc == 0);
+    CHECK(bt_advance(tt, 12000) == 0); /* frees it */
+    CHECK(bt_port_open(tt, 0, &r.port) == 0);
+    CHECK(bt_port_detach(r.port) == 0);
+    CHECK(bt_schedule_native(tt, 13000, retire_in_pass, &r, &id) == 0);
+    CHECK(bt_advance(tt, 13000) == 1);
+    CHECK(r.rc == 0);
     bt_destroy(tt);
 }
 
@@ -220,8 +241,8 @@ int main(void) {
          test_after_detach_nothing_reaches_the_orphans},
         {"bad_input", test_bad_input},
         {"races_the_timer_thread", test_races_the_timer_thread},
-        {"retire_frees_at_the_next_pass_and_keeps_counts",
-         test_retire_frees_at_the_next_pass_and_keeps_counts},
+        {"retire_frees_the_port_and_keeps_counts",
+         test_retire_frees_the_port_and_keeps_counts},
         {"retire_races_the_timer_thread", test_retire_races_the_timer_thread},
     };
     return RUN_TESTS(tests);
