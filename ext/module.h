@@ -220,7 +220,9 @@ typedef struct {
     HandleObject *held;
     PyObject *weakreflist;
 } PortObject;
-#define PORT_REFS(X) X(loop) X(on_error) X(on_slow) X(stamp) X(wake_event) X(tt)
+/* What a GC clear takes; tt only goes with the port (port_type.c, Port_clear). */
+#define PORT_CLEARED_REFS(X) X(loop) X(on_error) X(on_slow) X(stamp) X(wake_event)
+#define PORT_REFS(X) PORT_CLEARED_REFS(X) X(tt)
 
 struct HandleObject {
     PyObject_HEAD

@@ -39,11 +39,14 @@ static void release_quietly(PortObject *self) {
  * Handles: their timers are cancelled (which drops the core's references,
  * breaking the cycles through them) before its fields go.  A loop's own
  * finaliser (asyncio's __del__ closes it, and its close detaches the port)
- * has usually done this already. */
+ * has usually done this already.  The TimerThread stays: the dealloc
+ * retires the bt_port through it, and until then what the same collection
+ * frees may still call this port, whose bt_port it keeps alive.  A
+ * TimerThread in the same garbage breaks the cycle on its side. */
 static int Port_clear(PortObject *self) {
     release_quietly(self);
     if (self->tt) ext_forget_port(self->tt, self);
-    PORT_REFS(EXT_CLEAR_REF)
+    PORT_CLEARED_REFS(EXT_CLEAR_REF)
     return 0;
 }
 
@@ -60,9 +63,7 @@ static void Port_dealloc(PortObject *self) {
      * timers is pending or queued: nothing of the core's is bound to it
      * but its fd, closed by the detach.  Retired, the bt_port is freed by
      * the core's next pass (a loop per request would otherwise leave one
-     * per loop until the TimerThread goes); self->port is not read after.
-     * A port the GC cleared has no tt here: it lives until the core is
-     * destroyed, as it always did. */
+     * per loop until the TimerThread goes); self->port is not read after. */
     if (!self->drop && self->tt) {
         if (!self->released && !bt_port_detached(self->port)) (void)bt_port_detach(self->port);
         (void)bt_port_retire(self->port);
@@ -301,7 +302,7 @@ static void unwatch(PortObject *self) {
 }
 
 static PyObject *Port_detach(PortObject *self, PyObject *Py_UNUSED(ignored)) {
-    if (!self->tt) Py_RETURN_NONE; /* cleared by the GC: released then */
+    if (!self->tt) Py_RETURN_NONE; /* (none: a port being freed) */
     int rc = bt_port_detach(self->port);
     if (rc == -EINVAL) {
         PyErr_SetString(PyExc_ValueError, "the TimerThread's orphan port cannot be detached");
