@@ -45,7 +45,7 @@ SUITES: dict[str, Suite] = {
                    timeouts=300, late_timers=40, late_window=0.02, noloop_pairs=1000,
                    noloop_pending=1000, thread_timer_pairs=10, thread_timer_late=10,
                    core_pairs=20_000, core_threads=(1, 2), core_pending=10_000,
-                   service_conns=(20,), service_rounds=2, service_warmup=0.1,
+                   service_conns=(20,), service_rounds=1, service_warmup=0.1,
                    service_window=0.3, grpc_sets=2, grpc_calls=30),
     # The default (`--quick` names it too): every group, the whole table in
     # about a minute (half of it the service rows).
