@@ -459,16 +459,30 @@ def _self_pipe_wakes(cls: Any) -> bool:
                 and mine._process_self_data in own_self_data)
 
 
+def _asyncio_closes() -> frozenset[Any]:
+    """asyncio's own ``close`` methods of its selector loops: each refuses
+    to close a running loop before it changes anything."""
+    own: list[Any] = [asyncio.BaseEventLoop.close, asyncio.selector_events.BaseSelectorEventLoop.close]
+    unix = getattr(asyncio, "unix_events", None)
+    if unix is not None:
+        own.append(unix._UnixSelectorEventLoop.close)
+    return frozenset(own)
+
+
 def _attach_class(cls: Any) -> bool:
     """Whether a port of a loop of class ``cls`` may be connected in C
     (``ext/attach.c``): a loop whose self-pipe may wake it, whose selector may
-    be wrapped, whose close bucketimer does not take care of otherwise, and
-    whose attributes are read and set as any object's."""
+    be wrapped, whose close bucketimer does not take care of otherwise, whose
+    attributes are read and set as any object's, and whose ``is_closed`` and
+    ``close`` are asyncio's, so that it is open while it runs (the C path
+    does not ask a running loop whether it is closed)."""
     return bool(_WAKE_SELF_PIPE and _WRAP_SELECTOR and _self_pipe_wakes(cls)
                 and not getattr(cls, "_bt_closes_ports", False)
                 and cls.__getattribute__ is object.__getattribute__
                 and cls.__setattr__ is object.__setattr__
-                and cls.__dictoffset__ != 0)
+                and cls.__dictoffset__ != 0
+                and cls.is_closed is asyncio.BaseEventLoop.is_closed
+                and cls.close in _asyncio_closes())
 
 
 def _self_pipe(loop: Any) -> tuple[int, int]:

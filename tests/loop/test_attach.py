@@ -305,3 +305,25 @@ def test_loops_one_after_another_keep_the_c_path_until_idle(monkeypatch: pytest.
         assert tt._fast_attach  # and started again
     finally:
         tt.close()
+
+
+class _OwnClose(asyncio.SelectorEventLoop):
+    def close(self) -> None:
+        super().close()
+
+
+class _OwnIsClosed(asyncio.SelectorEventLoop):
+    def is_closed(self) -> bool:
+        return super().is_closed()
+
+
+@pytest.mark.parametrize("cls", [_OwnClose, _OwnIsClosed])
+def test_a_loop_class_with_its_own_close_or_is_closed_connects_in_python(
+        tt: bucketimer.TimerThread, cls: type[asyncio.AbstractEventLoop]) -> None:
+    """The C path takes this thread's running loop for open without asking
+    it, which holds for asyncio's ``close`` and ``is_closed`` only: a class
+    with its own goes through ``_attach``, which asks."""
+    _life(tt, asyncio.SelectorEventLoop())
+    assert tt._fast_attach
+    seen = _life(tt, cls())
+    assert seen["in C"] is False and seen["ran"] == ["first"]
