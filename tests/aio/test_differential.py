@@ -63,7 +63,7 @@ from typing import Any
 import pytest
 from _helpers import examples
 from _impls import IMPLS, STOCK_POLL_LOOKS
-from hypothesis import example, given, note
+from hypothesis import assume, example, given, note
 from hypothesis import strategies as st
 
 import bucketimer
@@ -206,6 +206,20 @@ class Program:
         holds the loop (asyncio runs what fell due meanwhile in the next
         iteration)."""
         return bool(_NEEDS_THE_POLL.search(repr(self)))
+
+
+    def asyncio_answers_either_way(self) -> bool:
+        """A microsecond's timeout in a program that holds the loop: whether
+        a microsecond passed between the making of asyncio's own timeout and
+        its enter decides whether its expiry is queued with ``call_soon`` or
+        on the heap, and so whether it runs before the task's next step or
+        after it, among the deadlines that fell due while the loop was held:
+        one of them an enclosing timeout's, that timeout expires too, or
+        does not.  asyncio's answer is its own speed's, not a contract (here
+        CPython's asyncio answers ``call_soon`` on 3.12 and later, whose
+        ``wait_for`` is a timeout, and bucketimer's C, faster, the heap)."""
+        text = repr(self)
+        return "Tiny(" in text and "Block(" in text
 
 
 _NEEDS_THE_POLL = re.compile(r"Tiny\(|Block\(|(Arm|Callback)\(slot=(0|-1),")
@@ -633,6 +647,7 @@ def _count() -> Any:
 # a microsecond's timeout around two and three iterations
 @example(Program(tasks=((Tiny(True, 2), Tiny(False, 3)),), callbacks=()))
 def test_every_mode_traces_as_asyncio(program: Program) -> None:
+    assume(not program.asyncio_answers_either_way())
     found = differences(program)
     for name, (expected, got) in found.items():
         report = f"{name}:\n  reference:  {expected}\n  bucketimer: {got}"
