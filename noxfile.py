@@ -86,9 +86,13 @@ def tests_pure(session: nox.Session) -> None:
 
 @nox.session(name="tests-debug", python=DEBUG_PYTHONS)
 def tests_debug(session: nox.Session) -> None:
-    """The suite under a Py_DEBUG interpreter (cffi builds from source)."""
+    """The suite under a Py_DEBUG interpreter (cffi builds from source),
+    which checks what the extensions do to the interpreter (refcounts, its
+    assertions).  But for the benchmark kit's and the pytest plugin's runs
+    of subprocesses, which make the calls tests/core and tests/aio make and
+    run on every release build."""
     _install(session, "test-core")
-    _pytest(session)
+    _pytest(session, paths=("--ignore=tests/bench", "--ignore=tests/test_pytest_plugin.py"))
 
 
 LINT_PATHS = ["src", "tests", "benchmarks", "tools", "docs/examples", "noxfile.py", "conftest.py"]
