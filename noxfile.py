@@ -84,15 +84,28 @@ def tests_pure(session: nox.Session) -> None:
     _pytest(session, env={"BUCKETIMER_NO_EXTENSIONS": "1"})
 
 
+#: the benchmark kit's tests that run it whole, or its service rows
+DEBUG_SKIPS_KIT = [
+    "cli_smoke_writes_tables_json_csv_and_the_figure_by_default",
+    "cli_runs_on_a_pure_only_install",
+    "service_smoke_serves_real_requests",
+    "service_turn_that_cannot_be_measured_is_noted_not_fatal",
+    "service_turn_measured_on_its_retry",
+]
+
+
 @nox.session(name="tests-debug", python=DEBUG_PYTHONS)
 def tests_debug(session: nox.Session) -> None:
     """The suite under a Py_DEBUG interpreter (cffi builds from source),
     which checks what the extensions do to the interpreter (refcounts, its
-    assertions).  But for the benchmark kit's and the pytest plugin's runs
-    of subprocesses, which make the calls tests/core and tests/aio make and
-    run on every release build."""
+    assertions).  But for the benchmark kit's whole runs and the pytest
+    plugin's, in subprocesses, which make the calls tests/core and tests/aio
+    make and run on every release build."""
     _install(session, "test-core")
-    _pytest(session, paths=("--ignore=tests/bench", "--ignore=tests/test_pytest_plugin.py"))
+    kit = "tests/bench/test_kit.py::test_"
+    _pytest(session, paths=(
+        "--ignore=tests/test_pytest_plugin.py",
+        *(f"--deselect={kit}{name}" for name in DEBUG_SKIPS_KIT)))
 
 
 LINT_PATHS = ["src", "tests", "benchmarks", "tools", "docs/examples", "noxfile.py", "conftest.py"]
