@@ -242,6 +242,8 @@ class Matrix:
             stack.callback(servers.close)
         self.hooks = Hooks()
         self.trace: dict[str, list[Any]] = {}
+        #: how many steps each handler had traced when the last row was judged
+        self.judged: dict[str, int] = {}
         self.configs = [c for c in CONFIGS if not (c.sync_only and backend.name != "sync")]
         self.behaviours = [b for b in BEHAVIOURS if b not in AIO_ONLY or backend.name == "aio"]
         self.channels: dict[str, Any] = {}
@@ -398,6 +400,13 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
         [(k, mx.trace[k], r) for k, r in zip(keys, results) if k in mx.trace and not _ended(mx.trace, k)]
     _settle(records)
     recs = records.records[start:]
+    # A handler of an earlier attempt that ran after that attempt was judged
+    # (it had not begun: a stalled machine) reports under the same method as
+    # this attempt's: those variants are left undecided.
+    counts = {k: len(v) for k, v in list(mx.trace.items())}
+    late = {k.partition("#")[0] for k, n in counts.items()
+            if k not in keys and n != mx.judged.get(k, 0)}
+    mx.judged = counts
     deadlines, slows, observed_all = (hooks.deadlines[marks[0]:], hooks.slow[marks[1]:],
                                       hooks.observed[marks[2]:])
 
@@ -411,6 +420,9 @@ def run_row(mx: Matrix, records: _Records, behaviour: str, attempt: int) -> tupl
         ref, ref_method, ref_key = plain[suffix]
         where = f"{backend.name} {cfg.name} {behaviour} {suffix}"
         full = f"/{SERVICE}/{method}"
+        if method in late or ref_method in late:
+            undecided.append(f"{where}: a handler of an earlier attempt ran during this one")
+            continue
         ours = _ours(recs, method)
         events = [ev for ev in deadlines if ev.method == full]
         if key not in mx.trace or ref_key not in mx.trace or behaviour in AT_ONCE and (
