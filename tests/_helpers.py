@@ -33,8 +33,9 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 SLOW = os.environ.get("BUCKETIMER_SLOW_TESTS") == "1"
 
 #: How many times slower than a native machine this run may be: ``nox -s
-#: emulated-arm64`` sets ``BUCKETIMER_TEST_TIME_SCALE`` (qemu-user runs Python
-#: code 5-30x slower).  It scales pytest-timeout's hang guards (conftest.py)
+#: emulated-arm64`` sets ``BUCKETIMER_TEST_TIME_SCALE`` to 10 (qemu-user runs
+#: Python code 5-30x slower), ``.ci/run`` to 2 (two test sessions share the
+#: CPUs).  It scales pytest-timeout's hang guards (conftest.py)
 #: and the delays a test needs to outlast its own setup, nothing a test
 #: asserts about time.
 TIME_SCALE = max(1.0, float(os.environ.get("BUCKETIMER_TEST_TIME_SCALE") or 1))

@@ -75,7 +75,8 @@ settings.load_profile(_profile_name())
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"hypothesis profile: {_profile_name()}; bucketimer backend: {bucketimer.backend}"
+    scale = f"; time scale {TIME_SCALE:g}" if TIME_SCALE != 1.0 else ""
+    return f"hypothesis profile: {_profile_name()}; bucketimer backend: {bucketimer.backend}{scale}"
 
 
 def pytest_configure(config: pytest.Config) -> None:
