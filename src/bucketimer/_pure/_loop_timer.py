@@ -16,19 +16,20 @@ Only loops that keep asyncio's own heap and clock qualify
 replaced on the instance).  Any other loop's timers, and those scheduled
 from another thread, go through the scheduler's thread.
 
-Claims: a pending timer is a key (its id) of its scheduler's dict of them
-(``Scheduler._claims``); running it, cancelling it and dropping it each
-first pop it from there, one atomic ``dict.pop``, so exactly one of them
-happens.  A cancel from another thread takes it off the loop's heap
+Claims: a pending timer's id is a key of its scheduler's dict of
+them (``Scheduler._claims``); running it, cancelling it and dropping it
+each first pop it from there, one atomic ``dict.pop``, so exactly one of
+them happens.  A cancel from another thread takes it off the loop's heap
 through ``call_soon_threadsafe``: thread safety is paid by calls from other
-threads only.  A claim's value is its loop's id, the key of the loop's
-record in :data:`LOOPS`: a weak reference made with the loop's first such
-timer, so nothing of bucketimer's holds a loop and a loop is freed as
-asyncio's is.  Through the records a TimerThread's ``close()`` finds the
-timers it drops and ``stats()`` the loops that closed; a loop freed with
-timers pending takes their claims with it (``_gone``).  Nothing else is
-made per loop, and nothing is set on it (docs/performance.rst, "A
-short-lived loop").
+threads only.  A claim's value is its loop's record in :data:`LOOPS`: a
+weak reference made with the loop's first such timer, so nothing of
+bucketimer's holds a loop and a loop is freed as asyncio's is.  Through the
+records a TimerThread's ``close()`` finds the timers it drops and
+``stats()`` the loops that closed; a loop freed with timers pending leaves
+claims whose record is dead, swept as cancelled (``_gone``).  The timer
+itself is asyncio's ``TimerHandle`` and no bigger (``_handle.py``).
+Nothing else is made per loop, and nothing is set on it
+(docs/performance.rst, "A short-lived loop").
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._arguments import SECONDS_RANGE as _RANGE
-from ._handle import PENDING, Handle
+from ._handle import Handle
 
 if TYPE_CHECKING:
     from ._scheduler import Scheduler
@@ -139,9 +140,9 @@ def cancel(timer: Any) -> None:
 
 
 # Every loop alive that has had a TimerThread's timer on its heap: its
-# record, a weak reference to it, by the loop's id (what a claim holds).
-# The id of a loop alive is its own: the record goes in the loop's last
-# moment, before another object can have that id (``_gone``).
+# record, a weak reference to it, by the loop's id.  A claim holds the
+# record itself, so that one of a freed loop is never taken for one of a
+# later loop with the same id (``_gone``).
 LOOPS: dict[int, weakref.ref[Any]] = {}
 
 # Every scheduler alive (``_scheduler.py`` adds each): whose claims a
@@ -159,8 +160,16 @@ def _gone(ref: weakref.ref[Any]) -> None:
         if rec is ref:
             del LOOPS[lid]
             for sched in list(SCHEDULERS):
-                sched.forget_loop(lid)
+                sched.forget_loop()
             return
+
+
+def record(loop: Any) -> weakref.ref[Any]:
+    """``loop``'s record, made with its first timer kept on its heap."""
+    rec = LOOPS.get(id(loop))
+    if rec is None:
+        rec = LOOPS[id(loop)] = _weakref(loop, _gone)
+    return rec
 
 
 def loops() -> Iterator[Any]:
@@ -186,9 +195,9 @@ def loop_closing(loop: Any) -> None:
     if id(loop) not in LOOPS:  # (no timer of a TimerThread's was on its heap)
         return
     for timer in timers_on(loop):
-        home = timer._home
-        if type(home) is dict and home.pop(timer._id, None) is not None:
-            timer._sched.loop_timer_dropped(timer)
+        sched = timer._repr
+        if type(sched) is not int and sched._claims.pop(timer._source_traceback, None) is not None:
+            sched.loop_timer_dropped(timer)
 
 
 def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
@@ -200,29 +209,24 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     large for a float.  ``TimerThread.call_later`` has it inline."""
     if type(when) is int and not -_RANGE <= when <= _RANGE:
         return None  # (one too large for a float: asyncio's heap cannot take it)
-    lid = id(loop)
-    if lid not in LOOPS:  # the loop's first (nothing else is made per loop)
-        LOOPS[lid] = _weakref(loop, _gone)
+    rec = LOOPS.get(id(loop))
+    if rec is None:  # the loop's first (nothing else is made per loop)
+        rec = record(loop)
     tid = next(sched._ids)
-    home = sched._claims
-    home[tid] = lid
+    sched._claims[tid] = rec
     t: Any = Handle()
-    t._id = tid
-    t._sched = sched
     t._when = when
     t._callback = callback
     t._args = args
     t._context = context
     t._loop = loop
     t._cancelled = False
-    t._repr = None
-    t._source_traceback = None
-    t._state = PENDING
-    t._home = home
+    t._repr = sched
+    t._source_traceback = tid
     _heappush(loop._scheduled, t)
     t._scheduled = True
     return t  # type: ignore[no-any-return]
 
 
 __all__ = ["HEAP_TYPES", "LOOPS", "SCHEDULERS", "SLOTS_KNOWN", "arm", "cancel", "heap_call_at",
-           "heap_type", "keeps_heap", "loop_closing", "loops", "push", "timers_on"]
+           "heap_type", "keeps_heap", "loop_closing", "loops", "push", "record", "timers_on"]

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 from .._reporting import loop_reporter, report_slow_callback, report_to_log
 
 if TYPE_CHECKING:
-    from ._handle import Handle
+    from ._handle import QueuedHandle
     from ._scheduler import Scheduler
 
-Batch = list["Handle"]
+Batch = list["QueuedHandle"]
 
 
 class Outbox:

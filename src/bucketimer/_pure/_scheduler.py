@@ -28,8 +28,8 @@ from typing import Any
 
 from .._stats import Stats
 from ._arguments import deadline_ns, to_seconds
-from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, scheduled
-from ._loop_timer import LOOPS, SCHEDULERS, loop_closing, loops, timers_on
+from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, QueuedHandle, scheduled
+from ._loop_timer import SCHEDULERS, loop_closing, loops, timers_on
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -72,7 +72,7 @@ class Scheduler:
         # passes taken but not yet handed over; deliver_due waits for them
         self._submitting = 0
         self._submitted = threading.Condition(self._lock)
-        self._heap: list[tuple[int, int, Handle]] = []
+        self._heap: list[tuple[int, int, QueuedHandle]] = []
         self._ids = itertools.count(1)
         self._dead = 0  # heap entries no longer PENDING (cancelled, or dropped with their loop)
         self._closed = False
@@ -92,19 +92,17 @@ class Scheduler:
         self._late_sum = 0
         # The thread serves timers of its heap only: started with the first one.
         self._thread: threading.Thread | None = None
-        # Loop timers: the claims of those pending (timer id -> their loop's
-        # id, ``_loop_timer.py``), and counted where it costs least: run (by
-        # their loop's thread), ended unrun by their loop's or this
-        # scheduler's close.  stats() works out the rest: scheduled from the
-        # ids, pending from the claims, cancelled from those.
-        self._claims: dict[int, int] = {}
+        # Loop timers: the claims of those pending (the timer's id -> its
+        # loop's record, ``_loop_timer.py``), and counted where it costs
+        # least: run (by their loop's thread), ended unrun by their loop's or
+        # this scheduler's close.  stats() works out the rest: scheduled from
+        # the ids (each loop timer draws one), pending from the claims,
+        # cancelled from those.
+        self._claims: dict[int, weakref.ref[Any]] = {}
         self.lt_ran = 0
         self._lt_unrun_due = 0
-        # The loops freed whose claims are not yet swept: loop id -> the
-        # last timer id handed out then (a later loop may have that loop id:
-        # its claims have later timer ids); how many went since the last
-        # sweep, and how many claims that sweep left.
-        self._gone_at: dict[int, int] = {}
+        # How many loops were freed since the last sweep of the claims, and
+        # how many claims that sweep left.
         self._loops_gone = 0
         self._claims_swept = 0
         _live.add(self)
@@ -157,12 +155,13 @@ class Scheduler:
         nor dropped: in the heap, handed over and not yet started, or on
         their loop's heap (read from there as it is now)."""
         with self._lock:
-            out = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
+            out: list[Handle] = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
             out += [h for batch in self._inflight.values() for h in batch if h._state == POSTED]
         claims = self._claims
         for loop in loops():
             if not loop._closed:
-                out += [t for t in timers_on(loop) if t._sched is self and t._id in claims]
+                out += [t for t in timers_on(loop)
+                        if t._repr is self and t._source_traceback in claims]
         return out
 
     def _start_thread(self) -> None:
@@ -176,12 +175,12 @@ class Scheduler:
         a timer its loop's or its TimerThread's close ended (docs/design.rst,
         "Counters"): ``cancelled`` when it was pending, ``dropped`` when its
         loop had taken it due (off its heap) and not run it."""
-        timer._state = DROPPED
+        timer._repr = DROPPED
         timer._release()
         if not by_close and not timer._scheduled:
             self._lt_unrun_due += 1  # (else a cancelled one, for stats())
 
-    def cancel(self, handle: Handle) -> bool:
+    def cancel(self, handle: QueuedHandle) -> bool:
         with self._lock:
             state = handle._state
             if state != PENDING and state != POSTED:
@@ -212,7 +211,7 @@ class Scheduler:
             self._heap = live
             self._counts["sweeps"] += 1
 
-    def _discard(self, handle: Handle) -> None:
+    def _discard(self, handle: QueuedHandle) -> None:
         """A heap entry that is no longer PENDING left the heap."""
         self._dead -= 1
         if handle._state == CANCELLED:
@@ -289,7 +288,7 @@ class Scheduler:
                 self._discard(handle)
                 continue
             handle._state = POSTED
-            batches.setdefault(handle._home, []).append(handle)  # type: ignore[arg-type]
+            batches.setdefault(handle._home, []).append(handle)
         for batch in batches.values():
             self._inflight[id(batch)] = batch
             self._counts["fired"] += len(batch)
@@ -311,7 +310,7 @@ class Scheduler:
             self._inflight.pop(id(batch), None)
             self._counts["drains"] += 1
 
-    def claim(self, handle: Handle) -> bool:
+    def claim(self, handle: QueuedHandle) -> bool:
         """POSTED -> RUNNING right before the call; False if it was cancelled
         meanwhile or its TimerThread closed (then it is dropped)."""
         with self._lock:
@@ -345,7 +344,7 @@ class Scheduler:
             if handle._state == DROPPED:
                 handle._release()
 
-    def _drop_one(self, handle: Handle, counter: str = "dropped") -> None:
+    def _drop_one(self, handle: QueuedHandle, counter: str = "dropped") -> None:
         """Ends a timer unrun.  Counted as the core counts it (docs/design.rst,
         "Counters"): ``dropped`` when its loop closed after it was handed
         over, ``cancelled`` when its loop closed before it was due or its
@@ -396,10 +395,9 @@ class Scheduler:
             claims = self._claims
             for loop in loops():
                 for timer in timers_on(loop):
-                    if timer._sched is self and claims.pop(timer._id, None) is not None:
+                    if timer._repr is self and claims.pop(timer._source_traceback, None) is not None:
                         self.loop_timer_dropped(timer, by_close=True)
             claims.clear()  # (those of loops that closed or went)
-            self._gone_at.clear()
             self._wake.notify_all()
             self._submitted.notify_all()
         no_loop = sum(handle._home is self._dispatcher for handle in dropped)
@@ -422,23 +420,22 @@ class Scheduler:
             entry[2]._state = DROPPED
         for loop in loops():
             for timer in timers_on(loop):
-                if timer._sched is self and self._claims.pop(timer._id, None) is not None:
-                    timer._state = DROPPED
+                if (timer._repr is self
+                        and self._claims.pop(timer._source_traceback, None) is not None):
+                    timer._repr = DROPPED
         self._claims.clear()
-        self._gone_at.clear()
         self._heap.clear()
         self._inflight.clear()
         self._loops.clear()
         self._closed = True
 
-    def forget_loop(self, lid: int) -> None:
-        """The loop whose id was ``lid`` was freed: the claims of its
-        timers go with it.  Swept at once among a few claims; among many,
-        once a loop has gone per ``_SWEEP_CLAIMS`` of them (a short-lived
-        loop's end costs little where a long-lived one keeps many timers)."""
+    def forget_loop(self) -> None:
+        """A loop was freed: the claims of its timers go with it.  Swept at
+        once among a few claims; among many, once a loop has gone per
+        ``_SWEEP_CLAIMS`` of them (a short-lived loop's end costs little
+        where a long-lived one keeps many timers)."""
         if not self._claims:
             return
-        self._gone_at[lid] = _issued(self._ids)
         self._loops_gone += 1
         if (len(self._claims) <= _SWEEP_CLAIMS
                 or self._loops_gone * _SWEEP_CLAIMS >= self._claims_swept):
@@ -446,19 +443,13 @@ class Scheduler:
 
     def _sweep_claims(self) -> None:
         """Drops the claims of timers whose loop closed or was freed with
-        them pending: that ended them (``stats()`` counts them cancelled)."""
-        claims, gone = self._claims, dict(self._gone_at)
-        for tid, lid in list(claims.items()):
-            if tid <= gone.get(lid, 0):
-                claims.pop(tid, None)
-                continue
-            ref = LOOPS.get(lid)
-            loop = None if ref is None else ref()
+        them pending: that ended them (``stats()`` counts them cancelled).
+        A freed loop's record is dead, whatever loop has its id now."""
+        claims = self._claims
+        for key, rec in list(claims.items()):
+            loop = rec()
             if loop is None or loop._closed:
-                claims.pop(tid, None)
-        for lid, at in gone.items():
-            if self._gone_at.get(lid) == at:
-                del self._gone_at[lid]
+                claims.pop(key, None)
         self._loops_gone = 0
         self._claims_swept = len(claims)
 

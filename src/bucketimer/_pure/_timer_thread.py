@@ -7,7 +7,6 @@ import contextvars
 import math
 import time
 import warnings
-import weakref
 from asyncio.base_events import BaseEventLoop
 from asyncio.events import _get_running_loop
 from collections.abc import Callable
@@ -18,15 +17,14 @@ from .. import _pending
 from .._reporting import SLOW_CALLBACK_DURATION, check_slow_callback_duration
 from .._stats import Stats
 from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
-from ._handle import PENDING, Handle
-from ._loop_timer import HEAP_TYPES, LOOPS, _gone, arm, keeps_heap
+from ._handle import Handle
+from ._loop_timer import HEAP_TYPES, LOOPS, arm, keeps_heap, record
 from ._scheduler import Scheduler
 
 monotonic = time.monotonic
 _base_time = BaseEventLoop.time
 ceil = math.ceil
 copy_context = contextvars.copy_context
-_weakref = weakref.ref
 _LOWEST = -SECONDS_RANGE
 
 _Ts = TypeVarTuple("_Ts")
@@ -117,25 +115,20 @@ class TimerThread:
                     except AttributeError:  # a time that is not a method
                         stock_clock = False
                     if stock_clock:
-                        lid = id(running)
-                        if lid not in LOOPS:
-                            LOOPS[lid] = _weakref(running, _gone)
+                        rec = LOOPS.get(id(running))
+                        if rec is None:
+                            rec = record(running)
                         tid = next(sched._ids)
-                        home = sched._claims
-                        home[tid] = lid
+                        sched._claims[tid] = rec
                         t: Any = Handle()
-                        t._id = tid
-                        t._sched = sched
                         t._when = seconds
                         t._callback = callback
                         t._args = args
                         t._context = copy_context()
                         t._loop = running
                         t._cancelled = False
-                        t._repr = None
-                        t._source_traceback = None
-                        t._state = PENDING
-                        t._home = home
+                        t._repr = sched
+                        t._source_traceback = tid
                         heappush(running._scheduled, t)
                         t._scheduled = True
                         return t  # type: ignore[no-any-return]
