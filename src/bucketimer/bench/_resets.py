@@ -132,12 +132,15 @@ class Target:
         so that a sweep running meanwhile does not hide any; and in a stock
         loop, the length of its heap (cancelled handles stay in it until a
         loop iteration removes them), where the pure backend's timeouts
-        leave theirs."""
+        leave theirs.  The pure backend's TimerThread keeps a timer armed in
+        its running loop on that heap too, and counts it ``reaped`` once
+        cancelled: there only the heap counts it."""
         scheduled = getattr(self.loop, "_scheduled", None)  # the stock loop's heap
         if self.tt is None:
             return len(scheduled) if scheduled is not None else None
         st = self.tt.stats()
-        return int(st["dead"]) + int(st["reaped"]) + len(scheduled or ())
+        reaped = int(st["reaped"]) if bucketimer.backend == "native" else 0
+        return int(st["dead"]) + reaped + len(scheduled or ())
 
     def run(self, coro: Awaitable[Any]) -> Any:
         return self.loop.run_until_complete(coro)
