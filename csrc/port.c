@@ -61,7 +61,7 @@ static int open_fd(bt_port *p) {
     return 0;
 }
 
-int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
+BT_COLD int bt_port_open(bt_timer_thread *tt, int32_t with_fd, bt_port **out) {
     if (!tt || !out) return -EINVAL;
     if (bt__forked(tt)) return -ECHILD; /* ports_mutex may be held by a thread that is gone */
     bt_port *p = calloc(1, sizeof(*p));
@@ -122,7 +122,7 @@ static void leave(bt_port *port) {
  * exchange of `signalled` and its load of the fd: a post that raced the fd's
  * arrival either sees the fd and writes it, or is seen here and signalled
  * again. */
-int bt_port_wake_by(bt_port *port, int32_t sock) {
+BT_COLD int bt_port_wake_by(bt_port *port, int32_t sock) {
     if (!port) return -EINVAL;
     if (bt__forked(port->tt)) return -ECHILD;
     if (port == port->tt->orphans) return -EINVAL;

@@ -117,7 +117,7 @@ PyType_Spec CloseHook_spec = {
     .slots = CloseHook_slots,
 };
 
-static PyObject *new_close_hook(ext_state *st, PyObject *tt, PyObject *loop, PyObject *orig) {
+EXT_COLD static PyObject *new_close_hook(ext_state *st, PyObject *tt, PyObject *loop, PyObject *orig) {
     PyObject *ref = PyWeakref_NewRef(tt, NULL); /* (the TimerThread's one plain ref, reused) */
     if (!ref) return NULL;
     CloseHookObject *o = PyObject_GC_New(CloseHookObject, st->CloseHook_Type);
@@ -161,13 +161,16 @@ static int class_vetted(ext_state *st, PyObject *loop) {
 
 /* The fd of `loop`'s socket attribute `name` (a socket.socket), or -1 if it
  * is none; -2 with an exception. */
-static long socket_fd(ext_state *st, PyObject *loop, PyObject *name) {
+EXT_COLD static long socket_fd(ext_state *st, PyObject *loop, PyObject *name) {
     PyObject *sock;
     if (optional_attr(loop, name, &sock) < 0) return -2;
     if (!sock) return -1;
     long fd = -1;
-    if (Py_IS_TYPE(sock, (PyTypeObject *)st->socket_type)) {
-        PyObject *r = PyObject_CallMethodNoArgs(sock, st->str_fileno);
+    if (st->socket_fileno && Py_IS_TYPE(sock, (PyTypeObject *)st->socket_type)) {
+        /* (its class's own fileno: looked up once, by _set_attach) */
+        PyObject *fileno = Py_NewRef(st->socket_fileno);
+        PyObject *r = PyObject_CallOneArg(fileno, sock);
+        Py_DECREF(fileno);
         fd = r ? PyLong_AsLong(r) : -2;
         Py_XDECREF(r);
         if (fd == -1 && PyErr_Occurred()) fd = -2;
@@ -187,7 +190,7 @@ int ext_loop_inside(ext_state *st, PyObject *loop) {
     return running == loop ? class_vetted(st, loop) : 0;
 }
 
-int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
+EXT_COLD int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
     ext_state *st = self->st;
     if (!self->fast_attach || !st->stamp_class) return 0;
     int ok = ext_loop_inside(st, loop);
@@ -235,7 +238,7 @@ int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port) {
          * register another class */
         PyTypeObject *stamp_type = (PyTypeObject *)Py_NewRef(st->stamp_class);
         stamp = stamp_type->tp_init == PyBaseObject_Type.tp_init
-                    ? ext_poll_stamp_new(stamp_type, selector)
+                    ? ext_poll_stamp_new(st, stamp_type, selector)
                     : PyObject_CallOneArg((PyObject *)stamp_type, selector);
         Py_DECREF(stamp_type);
         if (!stamp) goto done;
@@ -274,13 +277,19 @@ PyObject *ext_set_attach(PyObject *m, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "stamp_class must be a PollStamp subclass");
         return NULL;
     }
+    PyObject *fileno = PyObject_GetAttr(socket_type, st->str_fileno);
+    if (!fileno) return NULL;
     PyObject *classes = PyDict_New();
-    if (!classes) return NULL;
+    if (!classes) {
+        Py_DECREF(fileno);
+        return NULL;
+    }
     Py_XSETREF(st->attach_classes, classes);
     Py_XSETREF(st->attach_class, Py_NewRef(attach_class));
     Py_XSETREF(st->stamp_class, Py_NewRef(stamp_class));
     Py_XSETREF(st->report_to_loop, Py_NewRef(report));
     Py_XSETREF(st->socket_type, Py_NewRef(socket_type));
+    Py_XSETREF(st->socket_fileno, fileno);
     Py_XSETREF(st->BaseSelector, Py_NewRef(base_selector));
     Py_RETURN_NONE;
 }

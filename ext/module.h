@@ -37,6 +37,7 @@ static inline PyObject *ext_tuple_from_array(PyObject *const *items, Py_ssize_t 
  * X-macro (e.g. HANDLE_REFS below); EXT_GC_TRAVERSE and EXT_GC_CLEAR write its
  * tp_traverse and tp_clear from that list, so the two cannot disagree.  A
  * new PyObject field goes in its type's list. */
+#define EXT_COLD __attribute__((cold))
 #define EXT_VISIT_REF(field) Py_VISIT(self->field);
 #define EXT_CLEAR_REF(field) Py_CLEAR(self->field);
 #define EXT_GC_TRAVERSE(Name, Object, REFS)                                 \
@@ -93,6 +94,7 @@ typedef struct {
     /* what attach.c calls and compares with (_core._set_attach), and its
      * verdicts {loop class: bool} */
     PyObject *attach_class, *stamp_class, *report_to_loop, *socket_type, *BaseSelector;
+    PyObject *socket_fileno; /* socket_type's fileno, unbound */
     PyObject *attach_classes;
     PyObject *selector_type; /* the last selector class found to be a BaseSelector */
     /* Python functions of the module call_later/call_at's signatures, whose
@@ -121,7 +123,8 @@ typedef struct {
     PyObject *str_attach, *str_is_closed, *str_time, *str_call_soon, *str_call_at, *str_cancel;
     PyObject *str_cancelling;
     PyObject *str_uncancel, *str_close, *str_throw, *str_exceptions, *str_drain;
-    PyObject *str_loop_closing, *str_csock, *str_ssock, *str_selector, *str_fileno;
+    PyObject *str_loop_closing, *str_csock, *str_ssock, *str_selector, *str_fileno,
+        *str_select;
 } ext_state;
 
 /* The state's strong references (module.c's traverse and clear) and its
@@ -134,15 +137,16 @@ typedef struct {
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
     X(monotonic_clocks) X(armed_hook) X(attach_class) X(stamp_class) X(report_to_loop) \
-    X(socket_type) X(BaseSelector) X(attach_classes) X(selector_type) X(sig_call_later) \
-    X(sig_call_at)
+    X(socket_type) X(socket_fileno) X(BaseSelector) X(attach_classes) X(selector_type) \
+    X(sig_call_later) X(sig_call_at)
 #define EXT_STATE_NAMES(X)                                                                  \
     X(str_attach, "_attach") X(str_is_closed, "is_closed") X(str_time, "time")          \
     X(str_call_soon, "call_soon") X(str_call_at, "call_at")                            \
     X(str_cancel, "cancel") X(str_cancelling, "cancelling") X(str_uncancel, "uncancel") \
     X(str_close, "close") X(str_throw, "throw") X(str_exceptions, "exceptions")         \
     X(str_drain, "drain") X(str_loop_closing, "_loop_closing") X(str_csock, "_csock")     \
-    X(str_ssock, "_ssock") X(str_selector, "_selector") X(str_fileno, "fileno")
+    X(str_ssock, "_ssock") X(str_selector, "_selector") X(str_fileno, "fileno")     \
+    X(str_select, "select")
 
 extern struct PyModuleDef ext_module_def;
 
@@ -354,7 +358,7 @@ PyObject *ext_set_signatures(PyObject *m, PyObject *args);
 int ext_add_loop_attrs(PyObject *m);
 /* poll_stamp_type.c: a PollStamp (of `type`, a subclass whose __init__ is
  * object's) wrapping `selector`, as type(selector) makes one. */
-PyObject *ext_poll_stamp_new(PyTypeObject *type, PyObject *selector);
+PyObject *ext_poll_stamp_new(ext_state *st, PyTypeObject *type, PyObject *selector);
 /* poll_stamp_type.c: the stamp's poll watches `port` (PollStamp._watch). */
 int ext_poll_stamp_watch(PollStampObject *self, PortObject *port);
 /* The process default TimerThread (borrowed), made anew once closed. */

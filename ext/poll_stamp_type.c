@@ -35,11 +35,12 @@ static PyObject *PollStamp_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         return NULL;
     }
     if (!PyArg_ParseTuple(args, "O:PollStamp", &selector)) return NULL;
-    return ext_poll_stamp_new(type, selector);
+    ext_state *st = ext_state_of_type(type);
+    return st ? ext_poll_stamp_new(st, type, selector) : NULL;
 }
 
-PyObject *ext_poll_stamp_new(PyTypeObject *type, PyObject *selector) {
-    PyObject *select = PyObject_GetAttrString(selector, "select");
+EXT_COLD PyObject *ext_poll_stamp_new(ext_state *st, PyTypeObject *type, PyObject *selector) {
+    PyObject *select = PyObject_GetAttr(selector, st->str_select);
     if (!select) return NULL;
     if (!PyCallable_Check(select)) {
         Py_DECREF(select);
@@ -198,7 +199,7 @@ static PyObject *PollStamp_watch(PollStampObject *self, PyObject *port) {
     Py_RETURN_NONE;
 }
 
-int ext_poll_stamp_watch(PollStampObject *self, PortObject *p) {
+EXT_COLD int ext_poll_stamp_watch(PollStampObject *self, PortObject *p) {
     if (!self->ports) {
         PyErr_SetString(PyExc_RuntimeError, "PollStamp has no selector (cleared)");
         return -1;

@@ -404,7 +404,7 @@ PyType_Spec Port_spec = {
     .slots = Port_slots,
 };
 
-PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop) {
+EXT_COLD PortObject *ext_port_new(TimerThreadObject *tt, bt_port *p, PyObject *loop, int drop) {
     PortObject *self = PyObject_GC_New(PortObject, tt->st->Port_Type);
     if (!self) return NULL;
     self->port = p;

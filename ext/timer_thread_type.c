@@ -249,7 +249,7 @@ static void forget_and_release(TimerThreadObject *self, PyObject *loop, PortObje
 
 /* Records `fresh` as loop's port unless another thread recorded one first:
  * the recorded one, a new reference. */
-static PortObject *record(TimerThreadObject *self, PyObject *loop, PortObject *fresh) {
+EXT_COLD static PortObject *record(TimerThreadObject *self, PyObject *loop, PortObject *fresh) {
     if (loop == Py_None) {
         if (!self->dispatcher) self->dispatcher = (PortObject *)Py_NewRef(fresh);
         return (PortObject *)Py_NewRef(self->dispatcher);
@@ -275,7 +275,7 @@ static PortObject *record(TimerThreadObject *self, PyObject *loop, PortObject *f
 }
 
 /* A new port for `loop`, recorded and attached. */
-static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
+EXT_COLD static PortObject *open_port(TimerThreadObject *self, PyObject *loop) {
     bt_port *bp;
     int rc = bt_port_open(self->core, 0, &bp); /* its fd: _attach's choice */
     if (rc) return (PortObject *)ext_raise_errno(rc, "bt_port_open");
