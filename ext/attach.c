@@ -3,135 +3,20 @@
  *
  * The first bucketimer timer that goes to a loop opens the loop's port
  * (timer_thread_type.c, open_port), and _timers.TimerThread._attach
- * connects it: the loop's error reporter, a hook on its close, its
- * selector's PollStamp and the port's wake.  In the usual case -- a timer
- * armed inside the running loop, a loop class that _timers has vetted once
- * (_attach_class: asyncio's selector loop in everything this reads), a
- * TimerThread whose dispatcher already audits its loops (_fast_attach) --
- * this does the same here, where the Python method would cost a short-lived
- * loop more than asyncio's own first timer does (docs/design.rst, "Waking a
- * stock loop").  It reads only; once it has found everything it needs, it
- * makes its changes; anything it does not find leaves the port to _attach.
- *
- * Also here: CloseHook, the callable set as the loop's `close`, which detaches
- * the port (TimerThread._loop_closing) before the loop's own close runs.
+ * connects it: the loop's error reporter, its selector's PollStamp (whose
+ * close, the last step of asyncio's loop.close(), detaches the port) and the
+ * port's wake.  In the usual case -- a timer armed inside the running loop,
+ * a loop class that _timers has vetted once (_attach_class: asyncio's
+ * selector loop in everything this reads), a TimerThread whose dispatcher
+ * already audits its loops (_fast_attach) -- this does the same here, where
+ * the Python method would cost a short-lived loop more than asyncio's own
+ * first timer does (docs/design.rst, "Waking a stock loop").  It reads only;
+ * once it has found everything it needs, it makes its changes; anything it
+ * does not find leaves the port to _attach.
  */
 #include "module.h"
 
 #include <limits.h>
-
-/* ---- CloseHook ------------------------------------------------------------ */
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *tt_ref; /* weakref to the TimerThread */
-    PyObject *loop;
-    PyObject *orig; /* the close it stands in front of */
-} CloseHookObject;
-#define CLOSEHOOK_REFS(X) X(tt_ref) X(loop) X(orig)
-
-EXT_GC_TRAVERSE(CloseHook, CloseHookObject, CLOSEHOOK_REFS)
-EXT_GC_CLEAR(CloseHook, CloseHookObject, CLOSEHOOK_REFS)
-
-static void CloseHook_dealloc(CloseHookObject *self) {
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    CloseHook_clear(self);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-/* Takes this hook off the loop, if it is still there: once the loop is
- * closed there is nothing left to watch, and the cycle through the loop's
- * __dict__ would leave the loop to the cycle collector. */
-static int unhook(CloseHookObject *self, PyObject *loop, ext_state *st) {
-    PyObject *d = PyObject_GenericGetDict(loop, NULL);
-    if (!d) return -1;
-    PyObject *cur = PyDict_GetItemWithError(d, st->str_close); /* borrowed, used at once */
-    int rc = cur == (PyObject *)self ? PyDict_DelItem(d, st->str_close)
-                                     : (PyErr_Occurred() ? -1 : 0);
-    Py_DECREF(d);
-    return rc;
-}
-
-static PyObject *CloseHook_vectorcall(CloseHookObject *self, PyObject *const *args,
-                                      size_t nargsf, PyObject *kwnames) {
-    if (PyVectorcall_NARGS(nargsf) || (kwnames && PyTuple_GET_SIZE(kwnames))) {
-        /* the loop's close refuses them in its own words, closing nothing */
-        PyObject *orig = Py_XNewRef(self->orig);
-        PyObject *r = orig ? PyObject_Vectorcall(orig, args, nargsf, kwnames) : NULL;
-        if (!orig) PyErr_SetString(PyExc_RuntimeError, "this close hook was cleared");
-        Py_XDECREF(orig);
-        return r;
-    }
-    ext_state *st = ext_state_of_type(Py_TYPE(self));
-    if (!st) return NULL;
-    /* held: everything below runs Python code, which may clear this hook */
-    PyObject *loop = Py_XNewRef(self->loop), *orig = Py_XNewRef(self->orig);
-    PyObject *tt = self->tt_ref ? ext_weak_target(self->tt_ref) : NULL;
-    PyObject *r = NULL;
-    if (!loop || !orig) {
-        PyErr_SetString(PyExc_RuntimeError, "this close hook was cleared");
-        goto done;
-    }
-    if (tt) {
-        PyObject *c = PyObject_CallMethodOneArg(tt, st->str_loop_closing, loop);
-        if (!c) goto done;
-        Py_DECREF(c);
-    }
-    r = PyObject_CallNoArgs(orig);
-    if (r && unhook(self, loop, st) < 0) Py_CLEAR(r);
-done:
-    Py_XDECREF(tt);
-    Py_XDECREF(loop);
-    Py_XDECREF(orig);
-    return r;
-}
-
-static PyObject *CloseHook_repr(CloseHookObject *self) {
-    return self->orig ? PyUnicode_FromFormat("<bucketimer close hook of %R>", self->orig)
-                      : PyUnicode_FromString("<bucketimer close hook (cleared)>");
-}
-
-static PyMemberDef CloseHook_members[] = {
-    {"__vectorcalloffset__", Py_T_PYSSIZET, offsetof(CloseHookObject, vectorcall), Py_READONLY,
-     NULL},
-    {NULL}};
-
-static PyType_Slot CloseHook_slots[] = {
-    {Py_tp_doc, "A loop's close(), detaching bucketimer's port of the loop first."},
-    {Py_tp_dealloc, CloseHook_dealloc},
-    {Py_tp_traverse, CloseHook_traverse},
-    {Py_tp_clear, CloseHook_clear},
-    {Py_tp_call, PyVectorcall_Call},
-    {Py_tp_repr, CloseHook_repr},
-    {Py_tp_members, CloseHook_members},
-    {0, NULL}};
-
-PyType_Spec CloseHook_spec = {
-    .name = "bucketimer._core.CloseHook",
-    .basicsize = sizeof(CloseHookObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE |
-             Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_VECTORCALL,
-    .slots = CloseHook_slots,
-};
-
-EXT_COLD static PyObject *new_close_hook(ext_state *st, PyObject *tt, PyObject *loop, PyObject *orig) {
-    PyObject *ref = PyWeakref_NewRef(tt, NULL); /* (the TimerThread's one plain ref, reused) */
-    if (!ref) return NULL;
-    CloseHookObject *o = PyObject_GC_New(CloseHookObject, st->CloseHook_Type);
-    if (!o) {
-        Py_DECREF(ref);
-        return NULL;
-    }
-    o->vectorcall = (vectorcallfunc)CloseHook_vectorcall;
-    o->tt_ref = ref;
-    o->loop = Py_NewRef(loop);
-    o->orig = Py_NewRef(orig);
-    PyObject_GC_Track(o);
-    return (PyObject *)o;
-}
 
 /* ---- the vetting of a loop class --------------------------------------------- */
 
@@ -216,21 +101,14 @@ EXT_COLD int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject
         }
         Py_XSETREF(st->selector_type, Py_NewRef(Py_TYPE(selector)));
     }
-    PyObject *orig = PyObject_GetAttr(loop, st->str_close);
-    if (!orig) {
-        Py_DECREF(selector);
-        return -1;
-    }
 
     /* Its changes: the same as _attach's, in the same order. */
     int rc = -1;
-    PyObject *stamp = NULL, *hook = NULL, *reporter = NULL;
+    PyObject *stamp = NULL, *reporter = NULL;
     /* report_to_loop(loop, handle, exc), as _timers.loop_reporter makes it */
     reporter = PyMethod_New(st->report_to_loop, loop);
     if (!reporter) goto done;
     Py_XSETREF(port->on_error, reporter);
-    if (!(hook = new_close_hook(st, (PyObject *)self, loop, orig))) goto done;
-    if (PyObject_SetAttr(loop, st->str_close, hook) < 0) goto done;
     if (is_stamp) {
         stamp = Py_NewRef(selector);
     } else {
@@ -258,8 +136,6 @@ EXT_COLD int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject
     rc = 1;
 done:
     Py_XDECREF(stamp);
-    Py_XDECREF(hook);
-    Py_DECREF(orig);
     Py_DECREF(selector);
     return rc;
 }

@@ -123,8 +123,7 @@ static int add_types(PyObject *m, ext_state *st) {
         add_type(m, &st->Timeout_Type, &Timeout_spec, 1) < 0 ||
         add_type(m, &st->GrpcCall_Type, &GrpcCall_spec, 1) < 0 ||
         add_type(m, &st->GrpcUnary_Type, &GrpcUnary_spec, 1) < 0 ||
-        add_type(m, &st->PollStamp_Type, &PollStamp_spec, 1) < 0 ||
-        add_type(m, &st->CloseHook_Type, &CloseHook_spec, 0) < 0)
+        add_type(m, &st->PollStamp_Type, &PollStamp_spec, 1) < 0)
         return -1;
 #if PY_VERSION_HEX >= 0x030C0000
     if (add_type(m, &st->WaitFor_Type, &WaitFor_spec, 1) < 0 ||

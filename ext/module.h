@@ -78,7 +78,6 @@ typedef struct {
     PyTypeObject *GrpcUnary_Type, *GrpcCall_Type;           /* grpc_unary_type.c */
     PyTypeObject *GrpcAioUnary_Type, *GrpcAioCoro_Type;     /* grpc_aio_type.c: 3.12+ */
     PyTypeObject *PollStamp_Type;                           /* the drop-in loop's selector */
-    PyTypeObject *CloseHook_Type;                           /* attach.c */
     /* CPython's private state, read through compat.c */
     ext_compat compat;
     /* asyncio's objects that the helpers call or compare with */
@@ -132,7 +131,7 @@ typedef struct {
 #define EXT_STATE_TYPES(X) \
     X(TimerThread_Type) X(Handle_Type) X(LoopHandle_Type) X(Port_Type) X(Scheduler_Type) X(Timeout_Type) \
     X(Step_Type) X(WaitFor_Type) X(GrpcUnary_Type) X(GrpcCall_Type) X(GrpcAioUnary_Type) \
-    X(GrpcAioCoro_Type) X(PollStamp_Type) X(CloseHook_Type)
+    X(GrpcAioCoro_Type) X(PollStamp_Type)
 #define EXT_STATE_OBJECTS(X)                                                            \
     X(task_type) X(task_cancelling) X(CancelledError) X(ExceptionGroup) X(stock_time) \
     X(AbstractEventLoop) X(default_class) X(wait_for_nonpositive) X(default_tt) \
@@ -302,7 +301,7 @@ typedef struct TimeoutObject {
 
 extern PyType_Spec Handle_spec, LoopHandle_spec, Port_spec, TimerThread_spec, Scheduler_spec, Step_spec,
     Timeout_spec, WaitFor_spec, GrpcUnary_spec, GrpcCall_spec, GrpcAioUnary_spec, GrpcAioCoro_spec,
-    PollStamp_spec, CloseHook_spec;
+    PollStamp_spec;
 
 /* ---- across files ------------------------------------------------------- */
 

@@ -217,6 +217,36 @@ EXT_COLD int ext_poll_stamp_watch(PollStampObject *self, PortObject *p) {
     return 0;
 }
 
+/* _close_ports(): each watched port's TimerThread detaches it
+ * (TimerThread._loop_closing), as the loop's selector is about to close:
+ * asyncio's loop.close() closes its selector last, once the loop refuses
+ * callbacks and its self-pipe is closed (docs/design.rst, "Waking a stock
+ * loop").  Stops at the first that raises. */
+static PyObject *PollStamp_close_ports(PollStampObject *self, PyObject *Py_UNUSED(ignored)) {
+    ext_state *st = ext_state_of_type(Py_TYPE(self));
+    if (!st) return NULL;
+    if (!self->ports) Py_RETURN_NONE;
+    /* a copy: _loop_closing runs Python code, and a detach empties the list */
+    PyObject *ports = PyList_GetSlice(self->ports, 0, PY_SSIZE_T_MAX);
+    if (!ports) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ports); i++) {
+        PortObject *p = (PortObject *)PyList_GET_ITEM(ports, i); /* held by the copy */
+        PyObject *tt = Py_XNewRef((PyObject *)p->tt), *loop = Py_XNewRef(p->loop);
+        PyObject *r = tt && loop && loop != Py_None
+                          ? PyObject_CallMethodOneArg(tt, st->str_loop_closing, loop)
+                          : Py_NewRef(Py_None);
+        Py_XDECREF(tt);
+        Py_XDECREF(loop);
+        if (!r) {
+            Py_DECREF(ports);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    Py_DECREF(ports);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef PollStamp_methods[] = {
     {"select", (PyCFunction)(void (*)(void))PollStamp_select, METH_FASTCALL | METH_KEYWORDS,
      "select($self, /, timeout=None)\n--\n\n"
@@ -224,6 +254,9 @@ static PyMethodDef PollStamp_methods[] = {
      "watched ports' timers due by then."},
     {"_watch", (PyCFunction)PollStamp_watch, METH_O,
      "_watch($self, port, /)\n--\n\nThe loop of `port` polls through this selector."},
+    {"_close_ports", (PyCFunction)PollStamp_close_ports, METH_NOARGS,
+     "_close_ports($self, /)\n--\n\nThe watched ports' TimerThreads detach them: the "
+     "selector is about to close."},
     {NULL}};
 
 static PyMemberDef PollStamp_members[] = {

@@ -6,9 +6,10 @@ where timers go (each loop's port, the dispatcher's) and the process-wide
 default TimerThread.  This module does the rest, once per loop or once per
 TimerThread: connecting a new port to its consumer (the loop's selector
 wrapped in a ``PollStamp``, the port's wake through the loop's self-pipe or
-an eventfd and ``loop.add_reader``, a hook on ``loop.close``; the dispatcher
-thread for timers scheduled outside any loop) -- which ``ext/attach.c`` does
-in C for a TimerThread's later loops -- detaching it when the loop closes,
+an eventfd and ``loop.add_reader``; the dispatcher thread for timers
+scheduled outside any loop) -- which ``ext/attach.c`` does in C for a
+TimerThread's later loops -- detaching it when the loop closes (as asyncio's
+loop closes its selector, or by a hook on ``loop.close``),
 closing (or being collected), and what happens at fork() and at exit.
 """
 
@@ -110,11 +111,11 @@ class TimerThread(_core.TimerThread):
                 port._wake_by()
                 self._start_dispatcher(port)
                 return
+            in_loop = (asyncio.events._get_running_loop() is loop
+                       or loop is getattr(_made, "loop", None))
             port.on_error = _make_loop_reporter(loop)
             self._start_audits()
-            closed = self._watch_close(loop)
-        in_loop = (asyncio.events._get_running_loop() is loop
-                   or loop is getattr(_made, "loop", None))
+            closed = self._watch_close(loop, in_loop)
         # Inside the loop, its poll is ours to watch; then, if it is
         # asyncio's own, the port wakes it through its self-pipe, with no fd
         # of its own to register (docs/design.rst, "Waking a stock loop").
@@ -157,16 +158,20 @@ class TimerThread(_core.TimerThread):
             self._poke_dispatcher()
         self._fast_attach = True
 
-    def _watch_close(self, loop: Any) -> bool:
-        """Detach the loop's port when the loop closes, before its selector goes.
+    def _watch_close(self, loop: Any, in_loop: bool) -> bool:
+        """Detach the loop's port when the loop closes.
 
-        Returns True if the loop is closed already.  A close that another
-        thread began before this hook was installed does not run it; the
-        dispatcher's audit (_audit_loops) finds such loops.  bucketimer's
-        own loops call loop_closing() from close() instead: the hook is an
-        instance attribute, and they keep to few (bucketimer.loop,
-        _LoopTimers)."""
-        if getattr(type(loop), "_bt_closes_ports", False):
+        Returns True if the loop is closed already.  A hook on the loop's
+        ``close`` detaches it first, unless the loop's own close does:
+        bucketimer's loops call loop_closing() from close(), and asyncio's
+        selector loop closes its selector last, which, wrapped by the
+        PollStamp that watches the port from inside the loop, detaches the
+        ports it watches (``PollStamp.close``).  A close that another thread
+        began before the hook was installed does not run it; the
+        dispatcher's audit (_audit_loops) finds such loops."""
+        cls: Any = type(loop)
+        if getattr(cls, "_bt_closes_ports", False) or (
+                in_loop and _closes_selector(cls) and _stampable(loop)):
             return bool(loop.is_closed())
         ref = weakref.ref(self)
         orig_close = loop.close
@@ -402,7 +407,10 @@ class PollStamp(_core.PollStamp, selectors.BaseSelector):
         return self.selector.get_map()
 
     def close(self) -> None:
-        self.selector.close()
+        try:
+            self._close_ports()
+        finally:
+            self.selector.close()
 
     def _wake_event(self, port: _core.Port) -> tuple[selectors.SelectorKey, int]:
         """What a poll's events get to queue ``port.drain`` when the port
@@ -459,14 +467,16 @@ def _self_pipe_wakes(cls: Any) -> bool:
                 and mine._process_self_data in own_self_data)
 
 
-def _asyncio_closes() -> frozenset[Any]:
-    """asyncio's own ``close`` methods of its selector loops: each refuses
-    to close a running loop before it changes anything."""
-    own: list[Any] = [asyncio.BaseEventLoop.close, asyncio.selector_events.BaseSelectorEventLoop.close]
+@functools.lru_cache(maxsize=64)
+def _closes_selector(cls: Any) -> bool:
+    """Whether ``cls.close`` is asyncio's own selector loop's: it refuses to
+    close a running loop before it changes anything, and closes the loop's
+    selector last, once the loop refuses callbacks."""
+    own: set[Any] = {asyncio.selector_events.BaseSelectorEventLoop.close}
     unix = getattr(asyncio, "unix_events", None)
     if unix is not None:
-        own.append(unix._UnixSelectorEventLoop.close)
-    return frozenset(own)
+        own.add(unix._UnixSelectorEventLoop.close)
+    return getattr(cls, "close", None) in own
 
 
 def _attach_class(cls: Any) -> bool:
@@ -482,7 +492,7 @@ def _attach_class(cls: Any) -> bool:
                 and cls.__setattr__ is object.__setattr__
                 and cls.__dictoffset__ != 0
                 and cls.is_closed is asyncio.BaseEventLoop.is_closed
-                and cls.close in _asyncio_closes())
+                and _closes_selector(cls))
 
 
 def _self_pipe(loop: Any) -> tuple[int, int]:
@@ -498,6 +508,22 @@ def _self_pipe(loop: Any) -> tuple[int, int]:
     return csock.fileno(), ssock.fileno()
 
 
+def _to_wrap(loop: Any) -> selectors.BaseSelector | None:
+    """The selector of a stock selector loop that a PollStamp may wrap."""
+    selector = getattr(loop, "_selector", None)
+    if (_WRAP_SELECTOR and isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)
+            and isinstance(selector, selectors.BaseSelector)
+            and not isinstance(selector, PollStamp)):
+        return selector
+    return None
+
+
+def _stampable(loop: Any) -> bool:
+    """Whether ``loop`` polls through a PollStamp, or will once
+    ``_poll_stamp`` wraps its selector."""
+    return isinstance(getattr(loop, "_selector", None), PollStamp) or _to_wrap(loop) is not None
+
+
 def _poll_stamp(loop: Any) -> PollStamp | None:
     """The PollStamp ``loop`` polls through: bucketimer's loop's own, or a
     stock selector loop's selector, wrapped on first use; None for a loop
@@ -505,11 +531,11 @@ def _poll_stamp(loop: Any) -> PollStamp | None:
     selector = getattr(loop, "_selector", None)
     if isinstance(selector, PollStamp):
         return selector
-    if not (_WRAP_SELECTOR and isinstance(loop, asyncio.selector_events.BaseSelectorEventLoop)
-            and isinstance(selector, selectors.BaseSelector)):
+    selector = _to_wrap(loop)
+    if selector is None:
         return None
     stamp = PollStamp(selector)
-    loop._selector = stamp  # type: ignore[attr-defined]
+    loop._selector = stamp
     return stamp
 
 

@@ -1,8 +1,10 @@
 """A stock loop's port is connected the same way whether C does it
 (``ext/attach.c``, every loop after a TimerThread's first, armed from inside
 the running loop) or ``TimerThread._attach`` does (the first, and whatever C
-does not take): the same wake, poll, close hook and error reports
-(docs/design.rst, "Waking a stock loop")."""
+does not take): the same wake, poll, detach at close and error reports
+(docs/design.rst, "Waking a stock loop").  Neither puts a hook on a
+loop's ``close``: asyncio's selector loop closes its selector last, and the
+``PollStamp`` that wraps it detaches the port then."""
 
 from __future__ import annotations
 
@@ -30,8 +32,24 @@ pytestmark = [
 ]
 
 
+# The loops whose port TimerThread._attach connected (the rest: C).
+_ATTACHED_IN_PYTHON: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@pytest.fixture(autouse=True)
+def _spy_on_attach(monkeypatch: pytest.MonkeyPatch) -> None:
+    attach = _timers.TimerThread._attach
+
+    def spy(self: Any, loop: Any, port: Any) -> None:
+        if loop is not None:
+            _ATTACHED_IN_PYTHON.add(loop)
+        attach(self, loop, port)
+
+    monkeypatch.setattr(_timers.TimerThread, "_attach", spy)
+
+
 def _connected_in_c(loop: Any) -> bool:
-    return type(loop.__dict__.get("close")).__name__ == "CloseHook"
+    return loop not in _ATTACHED_IN_PYTHON
 
 
 def _life(tt: bucketimer.TimerThread, loop: Any) -> dict[str, Any]:
@@ -56,6 +74,7 @@ def _life(tt: bucketimer.TimerThread, loop: Any) -> dict[str, Any]:
     port = tt._ports[loop]
     seen = {
         "in C": _connected_in_c(loop),
+        "close hook": "close" in loop.__dict__,
         "wakes its self-pipe": port.wakes_socket,
         "its poll watches it": port.stamp is loop._selector,
         "fd registered": port.fileno() in {k.fd for k in loop._selector.get_map().values()},
@@ -79,6 +98,7 @@ def test_c_connects_a_loop_as_attach_does(tt: bucketimer.TimerThread) -> None:
     second = _life(tt, asyncio.SelectorEventLoop())
     assert (first.pop("in C"), second.pop("in C")) == (False, True)
     assert first == second
+    assert not first["close hook"] and first["fd after close"] == -1
     assert first["wakes its self-pipe"] and not first["fd registered"]
     assert first["ran"] == ["first"]
     assert first["reports"] == [(first["reports"][0][0], "ValueError", "Handle")]
@@ -102,7 +122,9 @@ def test_a_loop_class_c_does_not_vet_is_left_to_attach(tt: bucketimer.TimerThrea
     seen = _life(tt, make())
     assert not seen["in C"]
     assert seen["ran"] == ["first"] and not seen["close hook left"]
-    assert seen["wakes its self-pipe"] == (make is _OwnSetattr)
+    assert seen["fd after close"] == -1 and seen["pending dropped"]
+    assert not seen["close hook"]  # asyncio's close: its PollStamp detaches
+    assert seen["wakes its self-pipe"] == (make is not _OwnEvents)
 
 
 def test_a_loop_whose_self_pipe_is_not_a_socket_is_left_to_attach(
@@ -133,7 +155,7 @@ class _SocketLike:
         return getattr(self._sock, name)
 
 
-def test_the_close_hook_of_a_running_loop_refuses_as_asyncio_does(
+def test_closing_a_running_loop_refuses_as_asyncio_does(
         tt: bucketimer.TimerThread) -> None:
     _life(tt, asyncio.SelectorEventLoop())
     loop = asyncio.SelectorEventLoop()
@@ -152,27 +174,7 @@ def test_the_close_hook_of_a_running_loop_refuses_as_asyncio_does(
     assert port.fileno() == -1 and "close" not in loop.__dict__
 
 
-def test_the_close_hook_refuses_arguments_as_the_loops_close_does(
-        tt: bucketimer.TimerThread) -> None:
-    _life(tt, asyncio.SelectorEventLoop())
-    loop = asyncio.SelectorEventLoop()
-    try:
-        async def main() -> None:
-            tt.call_later(30, lambda: None)
-
-        loop.run_until_complete(main())
-        assert _connected_in_c(loop)
-        with pytest.raises(TypeError) as got:
-            loop.close(1)  # type: ignore[call-arg]
-        with pytest.raises(TypeError) as want:
-            type(loop).close(loop, 1)  # type: ignore[call-arg]
-        assert str(got.value) == str(want.value)
-        assert not loop.is_closed() and tt._ports[loop].fileno() >= 0
-    finally:
-        loop.close()
-
-
-def test_a_close_hook_outliving_its_timer_thread_closes_the_loop() -> None:
+def test_a_loop_outliving_its_timer_thread_closes() -> None:
     tt = bucketimer.TimerThread()
     _life(tt, asyncio.SelectorEventLoop())
     loop = asyncio.SelectorEventLoop()
@@ -322,8 +324,12 @@ def test_a_loop_class_with_its_own_close_or_is_closed_connects_in_python(
         tt: bucketimer.TimerThread, cls: type[asyncio.AbstractEventLoop]) -> None:
     """The C path takes this thread's running loop for open without asking
     it, which holds for asyncio's ``close`` and ``is_closed`` only: a class
-    with its own goes through ``_attach``, which asks."""
+    with its own goes through ``_attach``, which asks.  A close of its own
+    need not close the selector last, so the port is detached by a hook on
+    the loop's ``close``, before it runs."""
     _life(tt, asyncio.SelectorEventLoop())
     assert tt._fast_attach
     seen = _life(tt, cls())
     assert seen["in C"] is False and seen["ran"] == ["first"]
+    assert seen["close hook"] == (cls is _OwnClose) and not seen["close hook left"]
+    assert seen["fd after close"] == -1 and seen["pending dropped"]
