@@ -164,14 +164,6 @@ def _gone(ref: weakref.ref[Any]) -> None:
             return
 
 
-def record(loop: Any) -> weakref.ref[Any]:
-    """``loop``'s record, made with its first timer kept on its heap."""
-    rec = LOOPS.get(id(loop))
-    if rec is None:
-        rec = LOOPS[id(loop)] = _weakref(loop, _gone)
-    return rec
-
-
 def loops() -> Iterator[Any]:
     """The loops alive that keep TimerThreads' timers on their heaps."""
     for ref in list(LOOPS.values()):
@@ -209,9 +201,10 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     large for a float.  ``TimerThread.call_later`` has it inline."""
     if type(when) is int and not -_RANGE <= when <= _RANGE:
         return None  # (one too large for a float: asyncio's heap cannot take it)
-    rec = LOOPS.get(id(loop))
+    lid = id(loop)
+    rec = LOOPS.get(lid)
     if rec is None:  # the loop's first (nothing else is made per loop)
-        rec = record(loop)
+        rec = LOOPS[lid] = _weakref(loop, _gone)
     tid = next(sched._ids)
     sched._claims[tid] = rec
     t: Any = Handle()
@@ -229,4 +222,4 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
 
 
 __all__ = ["HEAP_TYPES", "LOOPS", "SCHEDULERS", "SLOTS_KNOWN", "arm", "cancel", "heap_call_at",
-           "heap_type", "keeps_heap", "loop_closing", "loops", "push", "record", "timers_on"]
+           "heap_type", "keeps_heap", "loop_closing", "loops", "push", "timers_on"]
