@@ -316,10 +316,17 @@ void bt__heap_free(struct bt__heap *h);
  * caller's bucket); initial-exec reads a fixed offset from the thread
  * pointer (glibc keeps static TLS room for dlopen()ed objects' few bytes). */
 #if defined(__GNUC__) || defined(__clang__)
-#define BT_COLD __attribute__((cold))
 #define BT_TLS_IE __attribute__((tls_model("initial-exec")))
 #else
 #define BT_TLS_IE
+#endif
+
+/* Once per port, not per timer: optimised for size and kept together, away
+ * from the per-timer path's cache lines. */
+#if defined(__GNUC__) || defined(__clang__)
+#define BT_COLD __attribute__((cold))
+#else
+#define BT_COLD
 #endif
 
 /* lifecycle.c */

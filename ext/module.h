@@ -31,13 +31,16 @@ static inline PyObject *ext_tuple_from_array(PyObject *const *items, Py_ssize_t 
     return t;
 }
 
+/* What runs once per loop or per port, not per timer: optimised for size
+ * and kept together, away from the per-timer path's cache lines. */
+#define EXT_COLD __attribute__((cold))
+
 /* ---- strong references, listed once per type ------------------------------ */
 
 /* Each object type lists the fields that hold strong references once, as an
  * X-macro (e.g. HANDLE_REFS below); EXT_GC_TRAVERSE and EXT_GC_CLEAR write its
  * tp_traverse and tp_clear from that list, so the two cannot disagree.  A
  * new PyObject field goes in its type's list. */
-#define EXT_COLD __attribute__((cold))
 #define EXT_VISIT_REF(field) Py_VISIT(self->field);
 #define EXT_CLEAR_REF(field) Py_CLEAR(self->field);
 #define EXT_GC_TRAVERSE(Name, Object, REFS)                                 \
