@@ -130,8 +130,10 @@ def test_close_from_inside_a_dispatcher_callback():
         tt.close()
         done.set()
 
-    tt.call_later(0, closer)
+    # The later timer is armed first: a closer due now may run before the
+    # next line, and a closed TimerThread refuses new timers.
     tt.call_later(0.05, ran.append, 1)
+    tt.call_later(0, closer)
     assert done.wait(5)
     time.sleep(0.1)
     assert ran == []
