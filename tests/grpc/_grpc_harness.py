@@ -103,7 +103,8 @@ def stubborn(log: list[Any], stop: threading.Event, limit: float = STUCK,
              until: Callable[[], object] = lambda: True) -> Any:
     """A handler that keeps working past its budget: on the sync server it
     watches ``is_active()`` (and, once the call is inactive, goes on until
-    ``until()``), on the aio server it is cancelled."""
+    ``until()``), on the aio server it is cancelled (and, once cancelled,
+    goes on until ``until()`` before it lets the cancel through)."""
 
     async def work(req: bytes, ctx: Any) -> bytes:
         t0 = time.monotonic()
@@ -113,6 +114,7 @@ def stubborn(log: list[Any], stop: threading.Event, limit: float = STUCK,
                 lambda: stop.is_set() or (not is_active(ctx) and bool(until())), limit)
         except asyncio.CancelledError:
             log.append(("cancelled", time.monotonic() - t0))
+            await stuck_in_here(lambda: stop.is_set() or bool(until()), limit)
             raise
         log.append(("inactive", is_active(ctx), waited, time.monotonic() - t0))
         return b"late"

@@ -73,9 +73,9 @@ def test_max_time_gives_client_deadline_exceeded_promptly(backend: Backend, shap
 
 @pytest.mark.parametrize("shape", SHAPES)
 # The server's timer fires a few ms either side of grpc marking the call
-# inactive at the client's deadline; the sync handler goes on until the
-# timer has fired, so that grpc winning that race does not end the call
-# first (an ASan build on a loaded machine lost it).  The handler's thread
+# inactive (or cancels the aio handler) at the client's deadline; the
+# handler goes on until the timer has fired, so that grpc winning that race
+# does not end the call first (an ASan build on a loaded machine lost it).  The handler's thread
 # spins with the GIL: the native core fires without it, the pure backend's
 # thread needs it (docs/guarantees.rst, "On the pure-Python backend").
 @pytest.mark.native
