@@ -29,7 +29,9 @@
  *     await <what _tail returned: call._end_expired_slow()>
  *
  * The variable is set once, at the first send (which asyncio runs in the
- * task's context), and reset when the handler ends, however it ends.  The
+ * task's context), and reset when the handler ends, however it ends; a
+ * reset refused while the coroutine is closed (its task dropped and
+ * collected outside its context) is dropped, as `both_coro` drops it.  The
  * class's _tail (Python) decides the rare ends -- a handler that raised, or
  * a timer that fired -- and returns the coroutine that ends an expired call,
  * which the GrpcAioCoro then awaits in place of the handler.  The coroutine
@@ -125,6 +127,21 @@ static PySendResult aio_handler_ended(GrpcAioCoroObject *self, PySendResult r,
     if (err) {
         PyErr_SetHandledException(handled);
         Py_XDECREF(handled);
+    }
+    if (reset < 0 && PyErr_ExceptionMatches(PyExc_ValueError)) {
+        /* closed (the ValueError's __context__ a GeneratorExit) where its
+         * dropped task was collected, outside the call's context: nothing
+         * of the call's is set here; dropped, as both_coro drops it */
+        PyObject *e = PyErr_GetRaisedException();
+        PyObject *context = PyException_GetContext(e);
+        int closing = context && PyErr_GivenExceptionMatches(context, PyExc_GeneratorExit);
+        Py_XDECREF(context);
+        if (closing) {
+            Py_DECREF(e);
+            reset = 0;
+        } else {
+            PyErr_SetRaisedException(e);
+        }
     }
     if (reset < 0) {
         err = chained(PyErr_GetRaisedException(), err);

@@ -492,6 +492,86 @@ def test_a_handler_cannot_change_the_fields_c_reads(tt: bucketimer.TimerThread) 
     assert stats["scheduled"] == stats["cancelled"] == 1
 
 
+# -- closed where its dropped task is collected -------------------------------------------------
+#
+# grpc.aio's server stop can drop a handler's task while it is pending; the
+# coroutine is then closed wherever it is collected, outside the call's
+# context.  As a handler without the interceptors, it ends quietly: no
+# ValueError from the variable's reset, nothing awaited while closing.
+
+
+@pytest.mark.parametrize("which", ["fused", "deadline"])
+def test_closed_outside_its_context_ends_quietly(tt: bucketimer.TimerThread, which: str) -> None:
+    log: list[Any] = []
+
+    async def behavior(req: bytes, ctx: Any) -> bytes:
+        try:
+            return await Step()  # type: ignore[no-any-return]
+        except GeneratorExit:
+            log.append(("closed", bta.remaining() is not None))
+            raise
+
+    if which == "fused":
+        w = _wrapper(behavior, tt, 5.0, 3.0)
+    else:
+        w = bta.ServerDeadlineInterceptor(3.0, timer_thread=tt)._wrap(behavior, METHOD, False, False)
+
+    async def main() -> None:
+        c = w(b"r", StandIn(None))
+        assert c.send(None) == "step"
+        assert contextvars.Context().run(c.close) is None
+        assert bta.remaining() is not None  # this context's, left as a dropped task leaves it
+        # not closing: a reset the context refuses is still raised
+        c = w(b"r", StandIn(None))
+        assert c.send(None) == "step"
+        with pytest.raises(ValueError, match="different Context"):
+            contextvars.Context().run(c.send, b"")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _run(main)
+    assert log == [("closed", False)]  # it ran in the context it was closed in
+    stats = tt.stats()
+    assert stats["scheduled"] == stats["cancelled"] == 2 and stats["fired"] == 0
+
+
+def test_a_stream_closed_inside_its_generator_ends_quietly(tt: bucketimer.TimerThread) -> None:
+    """Closed while its async generator is suspended inside a step (not at
+    a ``yield``): nothing is awaited, the generator left as grpc leaves it
+    (CPython before 3.13 leaves it running: its finaliser's aclose()
+    fails, as it does without the interceptor)."""
+    written: list[bytes] = []
+    errors: list[str] = []
+
+    class Writer(StandIn):
+        async def write(self, message: bytes) -> None:
+            written.append(message)
+
+    async def behavior(req: bytes, ctx: Any) -> Any:
+        yield b"first"
+        await Step()
+        yield b"second"
+
+    w = bta.ServerDeadlineInterceptor(3.0, timer_thread=tt)._wrap(behavior, METHOD, False, True)
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, context: errors.append(repr(context.get("exception"))))
+        c = w(b"r", Writer(None))
+        assert c.send(None) == "step"
+        assert contextvars.Context().run(c.close) is None
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _run(main)
+    assert written == [b"first"]
+    assert all("already running" in e for e in errors), errors
+    if sys.version_info >= (3, 13):
+        assert errors == []
+    stats = tt.stats()
+    assert stats["scheduled"] == stats["cancelled"] == 1 and stats["fired"] == 0
+
+
 class Step:
     """An awaitable yielding "step" once and returning what is sent back."""
 

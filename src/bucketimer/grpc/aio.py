@@ -86,15 +86,21 @@ async def _write_all(behavior: Callable[..., Any], request: Any, handler_context
     """Serve an async generator handler through ``context.write()``, so that
     every ``await`` of the call is inside the interceptor; a message it
     yields once ``call``'s budget ran out is dropped, and the generator
-    closed, as grpc leaves it once the call has ended."""
+    closed, as grpc leaves it once the call has ended.  Closed itself (its
+    task dropped while pending), it awaits nothing: the generator, still
+    running inside it, is left to its finaliser, as grpc leaves one."""
     responses = behavior(request, handler_context)
     try:
         async for message in responses:
             if call is not None and call._expired:
                 break
             await context.write(message)
-    finally:
+    except GeneratorExit:
+        raise
+    except BaseException:
         await responses.aclose()
+        raise
+    await responses.aclose()
 
 
 async def _intercept_service(self: _ServerWrapper, continuation: Any, handler_call_details: Any) -> Any:
@@ -447,7 +453,13 @@ class ServerDeadlineInterceptor(_DeadlineSettings, grpc.aio.ServerInterceptor):
                 tail = _tail(call, None)
                 return result if tail is None else await tail
             finally:
-                _deadline_var.reset(token)
+                try:
+                    _deadline_var.reset(token)
+                except ValueError as e:
+                    if not isinstance(e.__context__, GeneratorExit):
+                        raise
+                    # closed where its dropped task was collected, outside
+                    # the call's context: nothing of the call's is set here
 
         if not is_gen and not request_streaming and not response_streaming:
             _mark_fusable(deadline_handler, self, behavior, max_time)
@@ -823,7 +835,11 @@ def _serve_both(dic: ServerDeadlineInterceptor, sic: SlowCallInterceptor,
             tail = _tail(call, None)
             return result if tail is None else await tail
         finally:
-            _deadline_var.reset(token)
+            try:
+                _deadline_var.reset(token)
+            except ValueError as e:  # as in deadline_handler (and the C wrapper)
+                if not isinstance(e.__context__, GeneratorExit):
+                    raise
 
     return both_coro
 
