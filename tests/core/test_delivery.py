@@ -446,12 +446,17 @@ def test_dispatcher_callbacks_cancel_themselves_others_and_schedule_more(tt):
         else:
             done.set()
 
-    # Same deadline: the victim sits in the same batch, posted, when it is cancelled.
+    # Same deadline: the victim sits in the same batch, posted, when it is
+    # cancelled.  The dispatcher waits at the gate until all are armed (a
+    # machine stalled past the deadline would otherwise run some first).
+    gate = threading.Event()
+    tt.call_later(0, gate.wait, 5)
     when = time.monotonic() + 0.02
     handles["self"] = tt.call_at(when, self_cancel)
     handles["canceller"] = tt.call_at(when, cancel_other)
     handles["victim"] = tt.call_at(when, victim)
     tt.call_at(when, spawner, 0)
+    gate.set()
     assert done.wait(5)
     time.sleep(0.01)
     assert results["self"] is False and results["self_cancelled"] is False
@@ -509,10 +514,13 @@ def test_dispatcher_callback_that_closes_the_timer_thread():
         ran.append("closer")
         closed.set()
 
+    gate = threading.Event()  # the closer runs once all are armed (as above)
+    tt.call_later(0, gate.wait, 5)
     when = time.monotonic() + 0.02
     tt.call_at(when, closer)
     later_same_batch = [tt.call_at(when, ran.append, i) for i in range(5)]
     far = tt.call_later(0.05, ran.append, "far")
+    gate.set()
     assert closed.wait(5)
     time.sleep(0.1)
     assert ran == ["closer"]

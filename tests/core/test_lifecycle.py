@@ -130,10 +130,14 @@ def test_close_from_inside_a_dispatcher_callback():
         tt.close()
         done.set()
 
-    # The later timer is armed first: a closer due now may run before the
-    # next line, and a closed TimerThread refuses new timers.
-    tt.call_later(0.05, ran.append, 1)
+    # The dispatcher waits at the gate until both are armed: a closer due
+    # now could otherwise run before the next line, and a closed
+    # TimerThread refuses new timers.
+    gate = threading.Event()
+    tt.call_later(0, gate.wait, 5)
     tt.call_later(0, closer)
+    tt.call_later(0.05, ran.append, 1)
+    gate.set()
     assert done.wait(5)
     time.sleep(0.1)
     assert ran == []
