@@ -13,6 +13,7 @@ hypothesis is imported only by :func:`examples`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import os
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -81,6 +82,27 @@ def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 
         if time.monotonic() > end:
             return bool(pred())
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def dispatcher_held(tt: Any) -> Iterator[None]:
+    """Hold ``tt``'s dispatcher thread inside a callback until the block
+    ends.  It runs its callbacks one at a time, in order, so none of the
+    timers armed in the block without a loop can run before it ends (a
+    machine stalled past their deadlines would otherwise run some while the
+    test is still arming or cancelling the rest); they stay cancellable."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        release.wait(30)
+
+    tt.call_later(0, hold)
+    assert entered.wait(30), "the dispatcher never ran"
+    try:
+        yield
+    finally:
+        release.set()
 
 
 def open_fds() -> set[int]:

@@ -16,7 +16,7 @@ import time
 import typing
 
 import pytest
-from _helpers import Recorder, check_ok, run_python, var, wait_until
+from _helpers import Recorder, check_ok, dispatcher_held, run_python, var, wait_until
 
 import bucketimer
 
@@ -447,16 +447,14 @@ def test_dispatcher_callbacks_cancel_themselves_others_and_schedule_more(tt):
             done.set()
 
     # Same deadline: the victim sits in the same batch, posted, when it is
-    # cancelled.  The dispatcher waits at the gate until all are armed (a
-    # machine stalled past the deadline would otherwise run some first).
-    gate = threading.Event()
-    tt.call_later(0, gate.wait, 5)
-    when = time.monotonic() + 0.02
-    handles["self"] = tt.call_at(when, self_cancel)
-    handles["canceller"] = tt.call_at(when, cancel_other)
-    handles["victim"] = tt.call_at(when, victim)
-    tt.call_at(when, spawner, 0)
-    gate.set()
+    # cancelled.  All armed with the dispatcher held (a machine stalled past
+    # the deadline would otherwise run some first).
+    with dispatcher_held(tt):
+        when = time.monotonic() + 0.02
+        handles["self"] = tt.call_at(when, self_cancel)
+        handles["canceller"] = tt.call_at(when, cancel_other)
+        handles["victim"] = tt.call_at(when, victim)
+        tt.call_at(when, spawner, 0)
     assert done.wait(5)
     time.sleep(0.01)
     assert results["self"] is False and results["self_cancelled"] is False
@@ -514,13 +512,11 @@ def test_dispatcher_callback_that_closes_the_timer_thread():
         ran.append("closer")
         closed.set()
 
-    gate = threading.Event()  # the closer runs once all are armed (as above)
-    tt.call_later(0, gate.wait, 5)
-    when = time.monotonic() + 0.02
-    tt.call_at(when, closer)
-    later_same_batch = [tt.call_at(when, ran.append, i) for i in range(5)]
-    far = tt.call_later(0.05, ran.append, "far")
-    gate.set()
+    with dispatcher_held(tt):  # the closer runs once all are armed (as above)
+        when = time.monotonic() + 0.02
+        tt.call_at(when, closer)
+        later_same_batch = [tt.call_at(when, ran.append, i) for i in range(5)]
+        far = tt.call_later(0.05, ran.append, "far")
     assert closed.wait(5)
     time.sleep(0.1)
     assert ran == ["closer"]

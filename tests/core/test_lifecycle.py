@@ -20,7 +20,7 @@ import time
 import weakref
 
 import pytest
-from _helpers import check_ok, fd_count, posted_at_least, run_python, wait_until
+from _helpers import check_ok, dispatcher_held, fd_count, posted_at_least, run_python, wait_until
 
 import bucketimer
 
@@ -130,14 +130,11 @@ def test_close_from_inside_a_dispatcher_callback():
         tt.close()
         done.set()
 
-    # The dispatcher waits at the gate until both are armed: a closer due
-    # now could otherwise run before the next line, and a closed
-    # TimerThread refuses new timers.
-    gate = threading.Event()
-    tt.call_later(0, gate.wait, 5)
-    tt.call_later(0, closer)
-    tt.call_later(0.05, ran.append, 1)
-    gate.set()
+    # Both armed with the dispatcher held: a closer due now could otherwise
+    # run before the next line, and a closed TimerThread refuses new timers.
+    with dispatcher_held(tt):
+        tt.call_later(0, closer)
+        tt.call_later(0.05, ran.append, 1)
     assert done.wait(5)
     time.sleep(0.1)
     assert ran == []
