@@ -92,7 +92,7 @@ typedef struct {
     PyObject *AbstractEventLoop; /* what loop= must be an instance of */
     /* bucketimer's Python side, registered when bucketimer is imported */
     PyObject *default_class;        /* bucketimer.TimerThread */
-    PyObject *wait_for_nonpositive; /* aio._wait_for_nonpositive (3.12+) */
+    PyObject *wait_for_nonpositive; /* _wait_for.wait_for_nonpositive (3.12+) */
     /* what attach.c calls and compares with (_core._set_attach), and its
      * verdicts {loop class: bool} */
     PyObject *attach_class, *stamp_class, *report_to_loop, *socket_type, *BaseSelector;

@@ -28,12 +28,13 @@ import collections.abc
 import functools
 import math
 import sys
-from asyncio import events, exceptions, futures, tasks
+from asyncio import futures
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from . import _core
 from ._timers import TimerThread, default_timer_thread
+from ._wait_for import release_waiter, wait_for_311, wait_for_nonpositive
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
 
@@ -42,10 +43,6 @@ _T = TypeVar("_T")
 Timeout = _core.Timeout
 timeout = _core.timeout
 timeout_at = _core.timeout_at
-
-_get_running_loop = events.get_running_loop
-_ensure_future = tasks.ensure_future
-
 
 def _call_at_for(loop: Any) -> Any:
     """The core's call_at for ``loop``; the loop's own where its clock is
@@ -56,48 +53,13 @@ def _call_at_for(loop: Any) -> Any:
     return functools.partial(tt.call_at, loop=loop)
 
 
-def _release_waiter(waiter: futures.Future[Any], *args: Any) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-async def _cancel_and_wait(fut: futures.Future[Any], loop: Any) -> None:
-    """Cancel ``fut`` and wait until it has finished.
-
-    The wait is on a separate future that ``fut``'s completion releases, so
-    that this coroutine itself stays cancellable while it waits.
-    """
-    waiter = loop.create_future()
-    cb = functools.partial(_release_waiter, waiter)
-    fut.add_done_callback(cb)
-    try:
-        fut.cancel()
-        await waiter
-    finally:
-        fut.remove_done_callback(cb)
-
-
-async def _wait_for_nonpositive(fut: Awaitable[_T], loop: Any) -> _T:
-    """``timeout <= 0``: the awaitable gets no chance to run.  Already done:
-    its result.  Otherwise it is cancelled, and whatever it ends with is the
-    answer, a cancellation becoming ``TimeoutError``."""
-    fut = _ensure_future(fut, loop=loop)
-    if fut.done():
-        return fut.result()
-    await _cancel_and_wait(fut, loop)
-    try:
-        return fut.result()
-    except exceptions.CancelledError as exc:
-        raise TimeoutError from exc
-
-
 if sys.version_info >= (3, 12):
     # asyncio.wait_for as of 3.12: the awaitable is awaited in this task,
     # inside timeout().  On timeout it is cancelled and TimeoutError raised;
     # if it swallows the cancellation and returns a value, that value is
     # returned.  _core.wait_for is that coroutine written in C (see
-    # ext/wait_for_type.c); timeout <= 0 runs _wait_for_nonpositive.
-    _core._set_wait_for_nonpositive(_wait_for_nonpositive)
+    # ext/wait_for_type.c); timeout <= 0 runs wait_for_nonpositive.
+    _core._set_wait_for_nonpositive(wait_for_nonpositive)
     collections.abc.Coroutine.register(_core.WaitFor)
 
     def wait_for(fut: Awaitable[_T], timeout: float | None) -> Coroutine[Any, Any, _T]:
@@ -115,47 +77,13 @@ if sys.version_info >= (3, 12):
 
 else:
 
-    async def wait_for(fut: Awaitable[_T], timeout: float | None) -> _T:  # type: ignore[misc, unused-ignore]
-        """``asyncio.wait_for`` as of 3.11: a coroutine runs in its own Task,
-        and this task waits for it or for the timer, whichever comes first.
-        On timeout the Task is cancelled and awaited, then ``TimeoutError``
-        is raised (unless the Task finished with a result meanwhile).  If
-        this wait is cancelled, the Task is cancelled too."""
-        loop = _get_running_loop()
-        if timeout is None:
-            return await fut
-        if timeout <= 0:
-            return await _wait_for_nonpositive(fut, loop)
-
-        waiter = loop.create_future()
+    def _arm(loop: Any, timeout: float, waiter: futures.Future[Any]) -> Any:
         when = loop.time() + timeout
         if when != when:  # NaN: asyncio's heap fires it at once, and so does this
             when = -math.inf
-        timer = _call_at_for(loop)(when, _release_waiter, waiter)
-        on_done = functools.partial(_release_waiter, waiter)
-        fut = _ensure_future(fut, loop=loop)
-        fut.add_done_callback(on_done)
-        try:
-            try:
-                await waiter
-            except exceptions.CancelledError:
-                # Cancelled from outside: take the inner task down with us,
-                # unless it already finished (then its outcome wins).
-                if fut.done():
-                    return fut.result()
-                fut.remove_done_callback(on_done)
-                await _cancel_and_wait(fut, loop)
-                raise
-            if fut.done():
-                return fut.result()
-            # The timer released the waiter: the task must not outlive us.
-            fut.remove_done_callback(on_done)
-            await _cancel_and_wait(fut, loop)
-            # A task that ignored the cancellation and returned, or raised
-            # something else, reports that; a cancelled one times out.
-            try:
-                return fut.result()
-            except exceptions.CancelledError as exc:
-                raise TimeoutError from exc
-        finally:
-            timer.cancel()
+        return _call_at_for(loop)(when, release_waiter, waiter)
+
+    def _disarm(timer: Any) -> None:
+        timer.cancel()
+
+    wait_for = wait_for_311(_arm, _disarm)  # type: ignore[assignment, unused-ignore]

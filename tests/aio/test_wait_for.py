@@ -11,6 +11,7 @@ import inspect
 import pytest
 from _impls import PY312
 
+import bucketimer
 from bucketimer import aio
 
 
@@ -361,6 +362,88 @@ def test_wait_for_throw_of_a_class_inside_except(t, run, where):
     exc = run(main())
     assert type(exc) is ValueError and exc.args == ()
     assert exc.__context__ is None and exc.__cause__ is None
+
+
+@pytest.mark.parametrize("timeout", [0, 30])
+def test_wait_for_task_refused_closes_the_coroutine(t, run, timeout):
+    """A loop that refuses the coroutine's Task (its task factory raises
+    RuntimeError) gets the error back, and the coroutine is closed, not
+    left to warn that it was never awaited.  (From 3.12 only ``timeout <= 0``
+    makes a Task.)"""
+    import gc
+    import warnings
+
+    started = []
+
+    async def work():
+        started.append(True)
+
+    def refuse(loop, coro, **kwargs):
+        raise RuntimeError("no tasks here")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(refuse)
+        coro = work()
+        try:
+            with pytest.raises(RuntimeError, match="no tasks here"):
+                await t.wait_for(coro, timeout)
+        finally:
+            loop.set_task_factory(None)
+        return inspect.getcoroutinestate(coro)
+
+    if PY312 and timeout > 0:  # awaited in the calling task: no Task to refuse
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert run(main()) == inspect.CORO_CLOSED
+        gc.collect()
+    assert started == []
+
+
+@pytest.mark.skipif(PY312 or bucketimer.backend != "python",
+                    reason="the pure-Python backend's 3.11 wait_for")
+def test_pure_wait_for_timer_is_on_the_loops_heap():
+    """On the pure backend 3.11's ``wait_for`` pushes its timer on the loop's
+    heap, as ``loop.call_later`` would, and cancels it once the wait ends;
+    a loop whose ``call_later`` is replaced (here on the instance) has it
+    called instead, as asyncio's ``wait_for`` calls it."""
+    from asyncio.events import TimerHandle
+
+    def timers(loop):
+        return [h for h in loop._scheduled
+                if type(h) is TimerHandle and h._callback is not None
+                and getattr(h._callback, "__name__", "") == "release_waiter"]
+
+    async def work(seen):
+        loop = asyncio.get_running_loop()
+        seen.extend(timers(loop))
+        return len(seen)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        seen = []
+        t0 = loop.time()
+        assert await aio.wait_for(work(seen), 30) == 1
+        (timer,) = seen
+        assert t0 + 30 <= timer.when() <= loop.time() + 30
+        assert timer.cancelled() and timers(loop) == []
+        calls = []
+        real = loop.call_later
+
+        def call_later(delay, callback, *args, **kwargs):
+            calls.append(delay)
+            return real(delay, callback, *args, **kwargs)
+
+        loop.call_later = call_later
+        try:
+            assert await aio.wait_for(work([]), 30) == 1
+        finally:
+            del loop.call_later
+        return calls
+
+    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+        assert r.run(main()) == [30]
 
 
 @pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")

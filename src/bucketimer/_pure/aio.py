@@ -13,8 +13,10 @@ the deadline ``when()`` says (asyncio keeps the first arming's timer and
 leaves the second armed too).  ``reschedule``, ``__aenter__`` and the usual
 way out of ``__aexit__`` are written out, which also makes them cost less
 than asyncio's (which arms and disarms a timer by four calls more).
-:func:`wait_for` is asyncio's up to 3.11; from 3.12 it is asyncio's
-coroutine around this :func:`timeout`.
+:func:`wait_for` is 3.11's algorithm up to 3.11 (``_wait_for.py``, which
+the native backend's shares), its timer pushed on the loop's heap as
+``Timeout``'s is; from 3.12 it is asyncio's coroutine around this
+:func:`timeout`.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import sys
 from asyncio import events, tasks, timeouts
+from asyncio.base_events import BaseEventLoop
 from asyncio.events import TimerHandle
 from collections.abc import Awaitable
 from types import TracebackType
 from typing import Any, TypeVar
 
+from .._wait_for import release_waiter, wait_for_311
 from ._default import deliver_due
 from ._loop_timer import cancel, heap_type, push
 
@@ -146,15 +150,20 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
 
 
 def _disarm(me: Any) -> None:
-    """Cancels a Timeout's timer, if it has one (asyncio's call, or
-    ``_loop_timer.cancel`` for a timer of asyncio's heap outside debug mode)."""
+    """Cancels a Timeout's timer, if it has one."""
     handler: Any = me._timeout_handler
     if handler is not None:
         me._timeout_handler = None
-        if type(handler) is TimerHandle and not handler._loop._debug:  # type: ignore[attr-defined]
-            cancel(handler)
-        else:
-            handler.cancel()
+        _disarm_handler(handler)
+
+
+def _disarm_handler(handler: Any) -> None:
+    """``handler.cancel()``: asyncio's call, or ``_loop_timer.cancel`` for a
+    timer of asyncio's heap outside debug mode."""
+    if type(handler) is TimerHandle and not handler._loop._debug:  # type: ignore[attr-defined]
+        cancel(handler)
+    else:
+        handler.cancel()
 
 
 def timeout(delay: float | None) -> Timeout:
@@ -181,7 +190,21 @@ if sys.version_info >= (3, 12):
             return await fut
 
 else:
-    wait_for = _asyncio_wait_for
+    _base_call_later = BaseEventLoop.call_later
+
+    def _arm(loop: Any, timeout: float, waiter: asyncio.Future[Any]) -> TimerHandle:
+        """``loop.call_later(timeout, release_waiter, waiter)``, pushed on
+        asyncio's heap in one call where the loop's ``call_later`` is
+        asyncio's own and would push it there."""
+        call_later = loop.call_later
+        if ((type(timeout) is float or type(timeout) is int)
+                and getattr(call_later, "__func__", None) is _base_call_later
+                and heap_type(type(loop)) and not loop._debug):
+            return push(loop, loop.time() + timeout, release_waiter, (waiter,), None)
+        timer: TimerHandle = call_later(timeout, release_waiter, waiter)
+        return timer
+
+    wait_for = wait_for_311(_arm, _disarm_handler)  # type: ignore[assignment, unused-ignore]
 
 
 # asyncio's own names, for what reads them (repr, docs)
