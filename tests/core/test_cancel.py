@@ -24,9 +24,12 @@ SLOT_MASK = 0xFFFF_FFFF  # the low word of an id: its core and slot
 @pytest.mark.parametrize("where", ["loop", "dispatcher"])
 def test_cancel_before_fire(tt, run, where):
     cb = Recorder()
+    # Without a loop, the dispatcher may run the timer the moment it is due:
+    # a deadline well past any stall of this thread between arm and cancel.
+    delay = 0.25
 
     def body():
-        h = tt.call_later(0.03, cb)
+        h = tt.call_later(delay, cb)
         assert h.cancel() is True
         assert h.cancelled()
         assert h.callback is None  # references dropped at once
@@ -37,13 +40,13 @@ def test_cancel_before_fire(tt, run, where):
 
         async def main():
             h = body()
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(delay + 0.1)
             return h
 
         run(main)
     else:
         body()
-        time.sleep(0.1)
+        time.sleep(delay + 0.1)
     assert cb.calls == []
     s = tt.stats()
     assert s["scheduled"] == 1 and s["cancelled"] == 1 and s["ran"] == 0
@@ -227,7 +230,9 @@ def test_stale_handle_of_a_timer_that_ran_cannot_cancel_the_slots_new_timer(tt, 
 @pytest.mark.native
 def test_stale_handle_of_a_cancelled_timer_cannot_cancel_the_slots_new_timer(tt, wait_until):
     never = Recorder("never")
-    old = tt.call_later(0.01, never)
+    # (due well after any stall between arm and cancel: without a loop, the
+    # dispatcher may run it the moment it is due)
+    old = tt.call_later(0.2, never)
     assert old.cancel() is True
     # the timer thread reaps it when it collects (at the old deadline)
     assert wait_until(lambda: tt.stats()["reaped"] == 1 and tt.stats()["dead"] == 0)
