@@ -196,6 +196,9 @@ struct bt_timer_thread {
     _Atomic(struct bt_timer *) blocks[BT_MAX_BLOCKS];
     pthread_mutex_t pool_mutex;  /* serialises directory growth */
     _Atomic uint32_t nblocks;
+    /* a block the timer thread maps and faults in as it starts, for the
+     * first bucket to grow (pool.c, bt__pool_make_spare); NULL once taken */
+    _Atomic(struct bt_timer *) spare;
 
     _Atomic uint64_t seq;
 
@@ -272,6 +275,7 @@ struct bt_timer *bt__slot(bt_timer_thread *tt, uint64_t id);
 /* Grows the pool by one block, pushing the new slots on bucket b's free
  * list.  Takes the bucket mutex itself; call without it. */
 int bt__pool_grow(bt_timer_thread *tt, uint32_t b);
+void bt__pool_make_spare(bt_timer_thread *tt);
 /* Returns a chain of finished slots (linked by ->next) to bucket b. */
 void bt__pool_free_chain(bt_timer_thread *tt, uint32_t b, struct bt_timer *head,
                          struct bt_timer *tail, uint32_t n);

@@ -169,6 +169,7 @@ void *bt__timer_thread_main(void *arg) {
      * thread per process can afford 1 ns. */
     prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
 #endif
+    bt__pool_make_spare(tt);
     int do_collect = 0;
     for (;;) {
         wait_while_held(tt);

@@ -322,6 +322,38 @@ static void test_real_thread_fires_on_time(void) {
     bt_destroy(tt);
 }
 
+/* The timer thread maps the pool's first block as it starts: the first
+ * schedule takes it rather than mapping one; a core destroyed before any
+ * schedule unmaps it. */
+static struct bt_timer *wait_for_spare(bt_timer_thread *tt) {
+    struct bt_timer *spare = NULL;
+    for (int i = 0; i < 5000 && !(spare = atomic_load(&tt->spare)); i++) usleep(1000);
+    return spare;
+}
+
+static void test_first_block_comes_ready(void) {
+    bt_timer_thread *tt = threaded_core();
+    struct bt_timer *spare = wait_for_spare(tt);
+    CHECK(spare != NULL);
+    CHECK(atomic_load(&tt->nblocks) == 0);
+    static struct rec rec;
+    memset(&rec, 0, sizeof(rec));
+    struct rec_arg arg = {&rec, bt_now_ns() + 10000 * MS, 0, tt};
+    uint64_t id;
+    CHECK(bt_schedule_native(tt, arg.deadline, record, &arg, &id) == 0);
+    CHECK(atomic_load(&tt->spare) == NULL);
+    CHECK(atomic_load(&tt->nblocks) == 1);
+    CHECK(atomic_load(&tt->blocks[0]) == spare);
+    CHECK(bt_cancel(tt, id) == BT_CANCELLED);
+    bt_stop(tt);
+    bt_destroy(tt);
+
+    tt = threaded_core();
+    CHECK(wait_for_spare(tt) != NULL);
+    bt_stop(tt);
+    bt_destroy(tt); /* (and unmaps the spare it never handed out) */
+}
+
 static void test_wake_for_earlier(void) {
     /* A far timer first, then a near one: the near one must wake the thread. */
     bt_timer_thread *tt = threaded_core();
@@ -774,6 +806,7 @@ int main(void) {
         {"garbage_bounded", test_garbage_bounded},
         {"heap_sweep", test_heap_sweep},
         {"real_thread_fires_on_time", test_real_thread_fires_on_time},
+        {"first_block_comes_ready", test_first_block_comes_ready},
         {"wake_for_earlier", test_wake_for_earlier},
         {"stop_drops_pending", test_stop_drops_pending},
         {"consumer_stuck_in_ack_delays_no_timer", test_consumer_stuck_in_ack_delays_no_timer},

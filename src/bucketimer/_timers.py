@@ -719,6 +719,11 @@ def _start_default() -> None:
                 # (the process's first loop is then connected in C too; with
                 # no loop for _AUDIT_IDLE, the dispatcher stops its audits)
                 tt._start_audits()
+        # What the C attach asks of the first loop, answered once here: the
+        # verdict on asyncio's loop class, and the ABC check of the default
+        # selector (each some 20 us the first time, a cold path).
+        _attach_class(asyncio.SelectorEventLoop)
+        issubclass(selectors.DefaultSelector, selectors.BaseSelector)
     except Exception:  # pragma: no cover - the first timer reports it
         pass
 
