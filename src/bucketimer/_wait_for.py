@@ -126,4 +126,7 @@ def wait_for_311(arm: Callable[[Any, float, futures.Future[Any]], _Timer],
         finally:
             disarm(timer)
 
+    # (a coroutine takes its name from here: "coroutine 'wait_for' was never
+    # awaited", as asyncio's says; the caller sets __module__)
+    wait_for.__qualname__ = "wait_for"
     return wait_for

@@ -87,3 +87,4 @@ else:
         timer.cancel()
 
     wait_for = wait_for_311(_arm, _disarm)  # type: ignore[assignment, unused-ignore]
+    wait_for.__module__ = __name__

@@ -364,6 +364,24 @@ def test_wait_for_throw_of_a_class_inside_except(t, run, where):
     assert exc.__context__ is None and exc.__cause__ is None
 
 
+def test_wait_for_never_awaited_warns_as_asyncio_does(t):
+    """Dropped unawaited, the coroutine warns under asyncio's name for it."""
+    import gc
+    import warnings
+
+    fut = asyncio.Future(loop=asyncio.new_event_loop())
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            c = t.wait_for(fut, 5)
+            del c
+            gc.collect()
+    finally:
+        fut.get_loop().close()
+    assert [str(w.message) for w in caught if w.category is RuntimeWarning] == [
+        "coroutine 'wait_for' was never awaited"]
+
+
 @pytest.mark.parametrize("timeout", [0, 30])
 def test_wait_for_task_refused_closes_the_coroutine(t, run, timeout):
     """A loop that refuses the coroutine's Task (its task factory raises

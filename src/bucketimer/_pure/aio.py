@@ -205,6 +205,7 @@ else:
         return timer
 
     wait_for = wait_for_311(_arm, _disarm_handler)  # type: ignore[assignment, unused-ignore]
+    wait_for.__module__ = __name__
 
 
 # asyncio's own names, for what reads them (repr, docs)
