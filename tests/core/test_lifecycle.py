@@ -680,3 +680,31 @@ def test_import_starts_the_default_timer_thread_unless_lazy(lazy):
     them to that first timer.  Either way there is one dispatcher after it."""
     out = check_ok(run_python(_IMPORT_START, env={"BUCKETIMER_LAZY_START": lazy}))
     assert out.split() == (["0", "1"] if lazy == "1" else ["1", "1"])
+
+
+_PURE_IMPORT = """
+    import asyncio, threading
+    import bucketimer
+    from bucketimer._pure import _default
+
+    made = _default._default
+    threads = threading.active_count()
+
+    async def first():
+        bucketimer.call_later(30, print).cancel()
+
+    asyncio.run(first())
+    print(bucketimer.backend, made is not None, threads,
+          made is None or made is _default._default)
+"""
+
+
+@pytest.mark.parametrize("lazy", ["0", "1"])
+def test_pure_import_makes_the_default_timer_thread_unless_lazy(lazy):
+    """On the pure backend importing bucketimer makes the default
+    TimerThread, so that the process's first timer does not (it starts no
+    thread: a timer on a loop's heap needs none); BUCKETIMER_LAZY_START=1
+    leaves it to that first timer."""
+    env = {"BUCKETIMER_LAZY_START": lazy, "BUCKETIMER_NO_EXTENSIONS": "1"}
+    out = check_ok(run_python(_PURE_IMPORT, env=env))
+    assert out.split() == ["python", "False" if lazy == "1" else "True", "1", "True"]

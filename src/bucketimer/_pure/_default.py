@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVarTuple, Unpack
 
 from .._reporting import report_dropped_at_exit
 from ._handle import Handle
+from ._loop_timer import heap_type
 from ._scheduler import _live
 from ._timer_thread import TimerThread
 
@@ -132,3 +133,13 @@ def _close_all_at_exit() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(_close_all_at_exit)
+
+# The process's first timer finds the default TimerThread made and asyncio's
+# loop class asked whether its timers may go on its heap, as on the native
+# backend (docs/asyncio.rst, "The first timer"): both on its path cost it
+# some 120 us, six times asyncio's first call_later.  Neither starts a
+# thread: the scheduler's waits for the first timer that needs it.
+# BUCKETIMER_LAZY_START=1 leaves them to that first timer.
+if os.environ.get("BUCKETIMER_LAZY_START", "") in ("", "0"):
+    heap_type(asyncio.SelectorEventLoop)
+    default_timer_thread()

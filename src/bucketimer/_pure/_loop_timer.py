@@ -64,9 +64,9 @@ _OTHER_TYPES: set[type] = set()
 def heap_call_at(call_at: Callable[..., Any]) -> None:
     """Registers a loop class's ``call_at`` as one that pushes on
     asyncio's heap (the pure drop-in loop's, which checks its arguments
-    first)."""
+    first).  A class refused before may qualify now; one that qualified
+    still does."""
     _HEAP_CALL_AT.add(call_at)
-    HEAP_TYPES.clear()
     _OTHER_TYPES.clear()
 
 
