@@ -32,7 +32,8 @@ import asyncio, sys
 import bucketimer
 from bucketimer.bench.workloads import fill, sync_pairs, timeout_round, wait_for_round
 op, n = sys.argv[1], int(sys.argv[2])
-ours = op.endswith("bucketimer")
+# ".../patched": bucketimer's helper on the drop-in loop, as patch_asyncio() there
+ours = op.endswith(("bucketimer", "patched"))
 # "pair@10000/...": the pairs with that many timers pending on the same call_later
 pending = int(op.split("/")[0].partition("@")[2] or 0)
 async def main():
@@ -85,7 +86,8 @@ async def main():
         sync_pairs(call_later, n)
         for h in keep:
             h.cancel()
-factory = bucketimer.new_event_loop if op.endswith("drop-in") else asyncio.SelectorEventLoop
+factory = (bucketimer.new_event_loop if op.endswith(("drop-in", "patched"))
+           else asyncio.SelectorEventLoop)
 with asyncio.Runner(loop_factory=factory) as r:
     r.run(main())
 """
@@ -116,6 +118,14 @@ OPS_PURE = [
     ("async with timeout_at(now + 30): pass", "timeout_at/asyncio", "timeout_at/bucketimer"),
     ("cm.reschedule(loop.time() + 30)", "reschedule/asyncio", "reschedule/bucketimer"),
     ("await wait_for(coro(), 30)", "wait_for/asyncio", "wait_for/bucketimer"),
+    # The kit's drop-in column: asyncio's helpers on the drop-in loop; and its
+    # patched one: the pure helpers there.  Against asyncio's on its own loop.
+    ("timeout(30), drop-in loop", "timeout/asyncio", "timeout/drop-in"),
+    ("  patched", "timeout/asyncio", "timeout/patched"),
+    ("reschedule, drop-in loop", "reschedule/asyncio", "reschedule/drop-in"),
+    ("  patched", "reschedule/asyncio", "reschedule/patched"),
+    ("wait_for(coro(), 30), drop-in loop", "wait_for/asyncio", "wait_for/drop-in"),
+    ("  patched", "wait_for/asyncio", "wait_for/patched"),
     ("loop iteration, a TimerThread's used", "idle/asyncio", "idle/timer-thread"),
     ("loop iteration, drop-in loop", "idle/asyncio", "idle/drop-in"),
 ]

@@ -421,12 +421,25 @@ def test_wait_for_task_refused_closes_the_coroutine(t, run, timeout):
 
 @pytest.mark.skipif(PY312 or bucketimer.backend != "python",
                     reason="the pure-Python backend's 3.11 wait_for")
-def test_pure_wait_for_timer_is_on_the_loops_heap():
+@pytest.mark.parametrize("loop_factory", ["stock", "drop-in"])
+def test_pure_wait_for_timer_is_on_the_loops_heap(loop_factory, monkeypatch):
     """On the pure backend 3.11's ``wait_for`` pushes its timer on the loop's
-    heap, as ``loop.call_later`` would, and cancels it once the wait ends;
-    a loop whose ``call_later`` is replaced (here on the instance) has it
+    heap itself, on asyncio's loop and on the drop-in loop, where the loop's
+    ``call_later`` would push it there; and cancels it once the wait ends.
+    A loop whose ``call_later`` is replaced (here on the instance) has it
     called instead, as asyncio's ``wait_for`` calls it."""
     from asyncio.events import TimerHandle
+
+    from bucketimer._pure import aio as pure_aio
+
+    pushed = []
+    push = pure_aio.push
+
+    def counting_push(loop, when, callback, args, context):
+        pushed.append(when)
+        return push(loop, when, callback, args, context)
+
+    monkeypatch.setattr(pure_aio, "push", counting_push)
 
     def timers(loop):
         return [h for h in loop._scheduled
@@ -445,6 +458,7 @@ def test_pure_wait_for_timer_is_on_the_loops_heap():
         assert await aio.wait_for(work(seen), 30) == 1
         (timer,) = seen
         assert t0 + 30 <= timer.when() <= loop.time() + 30
+        assert pushed == [timer.when()]
         assert timer.cancelled() and timers(loop) == []
         calls = []
         real = loop.call_later
@@ -460,8 +474,10 @@ def test_pure_wait_for_timer_is_on_the_loops_heap():
             del loop.call_later
         return calls
 
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as r:
+    factory = asyncio.SelectorEventLoop if loop_factory == "stock" else bucketimer.EventLoop
+    with asyncio.Runner(loop_factory=factory) as r:
         assert r.run(main()) == [30]
+    assert len(pushed) == 1
 
 
 @pytest.mark.skipif(not PY312, reason="the C wait_for is for 3.12 and later")

@@ -119,7 +119,7 @@ class EventLoop(_PureTimers, asyncio.SelectorEventLoop):
         return push(self, self.time() + delay, callback, args, context)
 
 
-heap_call_at(EventLoop.call_at)
+heap_call_at(EventLoop.call_at, EventLoop.call_later)
 
 
 def uv_event_loop_class(base: type) -> type:

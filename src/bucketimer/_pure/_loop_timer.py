@@ -55,18 +55,21 @@ _base_run_once = BaseEventLoop._run_once  # type: ignore[attr-defined]
 
 # call_at methods that push on the loop's heap, as asyncio's does.
 _HEAP_CALL_AT: set[Any] = {BaseEventLoop.call_at}
+# call_later methods that push there too when their class's call_at does.
+HEAP_CALL_LATER: set[Any] = {BaseEventLoop.call_later}
 # The loop classes seen, by whether their instances keep asyncio's heap
 # (their clock aside).
 HEAP_TYPES: set[type] = set()
 _OTHER_TYPES: set[type] = set()
 
 
-def heap_call_at(call_at: Callable[..., Any]) -> None:
-    """Registers a loop class's ``call_at`` as one that pushes on
-    asyncio's heap (the pure drop-in loop's, which checks its arguments
-    first).  A class refused before may qualify now; one that qualified
-    still does."""
+def heap_call_at(call_at: Callable[..., Any], call_later: Callable[..., Any]) -> None:
+    """Registers a loop class's ``call_at`` and ``call_later`` as ones that
+    push on asyncio's heap (the pure drop-in loop's, which check their
+    arguments first).  A class refused before may qualify now; one that
+    qualified still does."""
     _HEAP_CALL_AT.add(call_at)
+    HEAP_CALL_LATER.add(call_later)
     _OTHER_TYPES.clear()
 
 
@@ -221,5 +224,5 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     return t  # type: ignore[no-any-return]
 
 
-__all__ = ["HEAP_TYPES", "LOOPS", "SCHEDULERS", "SLOTS_KNOWN", "arm", "cancel", "heap_call_at",
+__all__ = ["HEAP_CALL_LATER", "HEAP_TYPES", "LOOPS", "SCHEDULERS", "SLOTS_KNOWN", "arm", "cancel", "heap_call_at",
            "heap_type", "keeps_heap", "loop_closing", "loops", "push", "timers_on"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import sys
 from asyncio import events, tasks, timeouts
-from asyncio.base_events import BaseEventLoop
 from asyncio.events import TimerHandle
 from collections.abc import Awaitable
 from types import TracebackType
@@ -32,7 +31,7 @@ from typing import Any, TypeVar
 
 from .._wait_for import release_waiter, wait_for_311
 from ._default import deliver_due
-from ._loop_timer import cancel, heap_type, push
+from ._loop_timer import HEAP_CALL_LATER, cancel, heap_type, push
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
 
@@ -190,15 +189,13 @@ if sys.version_info >= (3, 12):
             return await fut
 
 else:
-    _base_call_later = BaseEventLoop.call_later
-
     def _arm(loop: Any, timeout: float, waiter: asyncio.Future[Any]) -> TimerHandle:
         """``loop.call_later(timeout, release_waiter, waiter)``, pushed on
         asyncio's heap in one call where the loop's ``call_later`` is
-        asyncio's own and would push it there."""
+        asyncio's own or the drop-in loop's, and would push it there."""
         call_later = loop.call_later
         if ((type(timeout) is float or type(timeout) is int)
-                and getattr(call_later, "__func__", None) is _base_call_later
+                and getattr(call_later, "__func__", None) in HEAP_CALL_LATER
                 and heap_type(type(loop)) and not loop._debug):
             return push(loop, loop.time() + timeout, release_waiter, (waiter,), None)
         timer: TimerHandle = call_later(timeout, release_waiter, waiter)
