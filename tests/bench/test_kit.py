@@ -734,8 +734,8 @@ def _race(ours, theirs, better="lower"):
 def test_a_cell_behind_or_within_the_spread_is_marked_and_named():
     """The mark after bucketimer's cell and the verdict: behind (!) when its
     median is worse than the column it stands in for, within the spread (~)
-    when better but the interquartile ranges overlap, none when clearly
-    ahead; for a rate, higher is better."""
+    when better, or even to the digits printed, but the interquartile ranges
+    overlap, none when clearly ahead; for a rate, higher is better."""
     behind = _race([110, 120, 130], [90, 100, 105])
     within = _race([95, 100, 103], [98, 105, 110])
     ahead = _race([10, 11, 12], [90, 100, 105])
@@ -748,6 +748,12 @@ def test_a_cell_behind_or_within_the_spread_is_marked_and_named():
     assert "each of bucketimer's columns is ahead" in _prose(ahead)
     assert not {"!", "~"} & set(next(x for x in ahead.splitlines() if "a row" in x).split())
     assert "behind (!) on 1" in _prose(rate_behind)
+    # even to the three digits printed, the spreads overlapping: not behind
+    even = _race([28.3594, 28.3516, 28.3945], [28.3555, 28.2734, 28.3867])
+    assert "within the spread (~) on 1: bucketimer vs asyncio, a row: 1x" in _prose(even)
+    # even to three digits, the spreads apart: behind
+    apart = _race([1000.4, 1000.4, 1000.4], [1000.0, 1000.0, 1000.0])
+    assert "behind (!) on 1: bucketimer vs asyncio, a row: 1x" in _prose(apart)
 
 
 def _cli(*args, cwd):

@@ -3,9 +3,10 @@
 verdict line under each table.
 
 A cell is *behind* (``!``) when its median is worse than the other's, in
-the row's direction; *within the spread* (``~``) when it is better but the
-two interquartile ranges overlap, so that this run cannot tell them apart;
-*ahead* (no mark) otherwise.  Only rows of times and rates are judged
+the row's direction; *within the spread* (``~``) when it is better, or even
+to the three digits the tables print (a server's RSS one page apart), but
+the two interquartile ranges overlap, so that this run cannot tell them
+apart; *ahead* (no mark) otherwise.  Only rows of times and rates are judged
 (counts, percentages and scaling factors are not raced).
 """
 
@@ -26,8 +27,9 @@ WITHIN = "~"
 AHEAD = ""
 
 LEGEND_MARKS = (f"{BEHIND} after a cell of bucketimer's: slower than the column it stands in "
-                f"for (named under each table); {WITHIN}: faster, but the two cells' "
-                "interquartile ranges overlap, so this run cannot tell them apart.")
+                f"for (named under each table); {WITHIN}: faster, or even to three digits (1x), "
+                "but the two cells' interquartile ranges overlap, so this run cannot tell "
+                "them apart.")
 
 
 @dataclass(frozen=True)
@@ -47,15 +49,15 @@ def _judge(ours: dict[str, Any], theirs: dict[str, Any]) -> tuple[str, float] | 
     if isnan(a) or isnan(b) or not a or not b:
         return None
     factor = b / a if ours["better"] == "lower" else a / b
-    if factor < 1:
-        return BEHIND, factor
     spreads: list[Any] = [r.get(q) for r in (ours, theirs) for q in ("p25", "p75")]
-    if factor == 1:
-        return WITHIN, factor
+    overlap = False
     if not any(isnan(x) for x in spreads):
         lo, hi, olo, ohi = spreads
-        if lo <= ohi and olo <= hi:
-            return WITHIN, factor
+        overlap = lo <= ohi and olo <= hi
+    if factor < 1 and not (overlap and plain_number(factor) == "1"):
+        return BEHIND, factor
+    if factor <= 1 or overlap:
+        return WITHIN, factor
     return AHEAD, factor
 
 
