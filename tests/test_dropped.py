@@ -216,9 +216,12 @@ def test_a_loop_with_pending_timers(kind, patched):
 
 def _loops_known(tt: bucketimer.TimerThread) -> dict[object, object]:
     """What ``tt`` keeps per loop: the native record of ports, or the pure
-    scheduler's outboxes and the claims of its timers on loops' heaps."""
+    scheduler's outboxes and the claims of its timers on loops' heaps.  The
+    pure scheduler drops the claims of loops gone at its next sweep, made
+    by ``stats()`` or by a later loop's timer once they doubled."""
     if bucketimer.backend == "native":
         return dict(tt._ports)  # type: ignore[attr-defined]
+    tt.stats()
     known: dict[object, object] = dict(tt._sched._loops)  # type: ignore[attr-defined]
     known.update(tt._sched._claims)  # type: ignore[attr-defined]
     return known

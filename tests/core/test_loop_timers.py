@@ -230,10 +230,11 @@ def test_the_pure_backend_knows_asyncios_handles() -> None:
 def test_loops_freed_with_timers_pending_leave_nothing_behind() -> None:
     """A long-lived loop keeps many timers pending while short-lived loops
     come and go, each leaving two pending: their claims go with them (swept
-    once enough loops have gone to pay for a sweep, so memory stays
-    bounded), ``stats()`` counts them cancelled, and a loop made where a
-    freed one was (CPython reuses the address: the same id) is not taken
-    for it."""
+    as a later loop's first timer finds twice as many claims as the last
+    sweep left, so memory stays bounded and a sweep's cost is paid by the
+    claims it found), ``stats()`` counts them cancelled, and a loop made
+    where a freed one was (CPython reuses the address: the same id) is not
+    taken for it."""
     tt = bucketimer.TimerThread()
     sched = tt._sched  # type: ignore[attr-defined]
     kept = asyncio.new_event_loop()
@@ -244,12 +245,17 @@ def test_loops_freed_with_timers_pending_leave_nothing_behind() -> None:
 
     try:
         kept.run_until_complete(arm(300))
-        for _ in range(40):
+        sizes = []
+        for _ in range(400):
             short = asyncio.new_event_loop()
             short.run_until_complete(arm(2))
             short.close()
             del short  # (a closed loop is freed by reference counting)
-            assert len(sched._claims) <= 300 + 2 * 2
+            sizes.append(len(sched._claims))
+        assert max(sizes) <= 2 * 300 + 2, max(sizes)
+        # swept as the first short loop came (nothing to drop yet), then each
+        # time 300 more claims of loops gone had piled up
+        assert sizes.count(300 + 2) >= 3, sizes
         # a loop where a freed one was, its claims not yet swept: made until
         # CPython gives one the address (it reuses a freed block first)
         for _ in range(20):

@@ -21,15 +21,17 @@ them (``Scheduler._claims``); running it, cancelling it and dropping it
 each first pop it from there, one atomic ``dict.pop``, so exactly one of
 them happens.  A cancel from another thread takes it off the loop's heap
 through ``call_soon_threadsafe``: thread safety is paid by calls from other
-threads only.  A claim's value is its loop's record in :data:`LOOPS`: a
-weak reference made with the loop's first such timer, so nothing of
-bucketimer's holds a loop and a loop is freed as asyncio's is.  Through the
-records a TimerThread's ``close()`` finds the timers it drops and
-``stats()`` the loops that closed; a loop freed with timers pending leaves
-claims whose record is dead, swept as cancelled (``_gone``).  The timer
-itself is asyncio's ``TimerHandle`` and no bigger (``_handle.py``).
-Nothing else is made per loop, and nothing is set on it
-(docs/performance.rst, "A short-lived loop").
+threads only.  A claim's value is its loop's record: ``weakref.ref(loop)``,
+the plain weak reference that CPython makes once per object and gives back
+to every later call, so that no table of bucketimer's maps loops to records
+and nothing of bucketimer's holds a loop: a loop is freed as asyncio's is.
+Through the records a TimerThread's ``close()`` finds the timers it drops
+and ``stats()`` the loops that closed; a loop closed or freed with timers
+pending leaves claims whose loop is closed or whose record is dead, swept
+as cancelled (``Scheduler.loop_seen``).  The timer itself is asyncio's
+``TimerHandle`` and no bigger (``_handle.py``).  Nothing else is made per
+loop, and nothing is set on it (docs/performance.rst, "A short-lived
+loop").
 """
 
 from __future__ import annotations
@@ -142,37 +144,12 @@ def cancel(timer: Any) -> None:
         timer._callback = timer._args = None
 
 
-# Every loop alive that has had a TimerThread's timer on its heap: its
-# record, a weak reference to it, by the loop's id.  A claim holds the
-# record itself, so that one of a freed loop is never taken for one of a
-# later loop with the same id (``_gone``).
-LOOPS: dict[int, weakref.ref[Any]] = {}
-
-# Every scheduler alive (``_scheduler.py`` adds each): whose claims a
-# freed loop takes with it.
+# Every scheduler alive (``_scheduler.py`` adds each): those a closing
+# drop-in loop tells.
 SCHEDULERS: weakref.WeakSet[Scheduler] = weakref.WeakSet()
 
 _weakref = weakref.ref
-
-
-def _gone(ref: weakref.ref[Any]) -> None:
-    """A loop was freed: its record goes, and with it the claims of its
-    timers left pending (they ended with it; ``stats()`` counts them
-    cancelled)."""
-    for lid, rec in list(LOOPS.items()):
-        if rec is ref:
-            del LOOPS[lid]
-            for sched in list(SCHEDULERS):
-                sched.forget_loop()
-            return
-
-
-def loops() -> Iterator[Any]:
-    """The loops alive that keep TimerThreads' timers on their heaps."""
-    for ref in list(LOOPS.values()):
-        loop = ref()
-        if loop is not None:
-            yield loop
+_weakref_count = weakref.getweakrefcount
 
 
 def timers_on(loop: Any) -> Iterator[Handle]:
@@ -187,8 +164,8 @@ def loop_closing(loop: Any) -> None:
     """``loop`` is about to close (the pure drop-in loop's ``close()``): its
     TimerThreads' timers are dropped, and counted as the core counts those
     of a loop's close."""
-    if id(loop) not in LOOPS:  # (no timer of a TimerThread's was on its heap)
-        return
+    if not heap_type(type(loop)) or not _weakref_count(loop):
+        return  # (no timer of a TimerThread's is on its heap)
     for timer in timers_on(loop):
         sched = timer._repr
         if type(sched) is not int and sched._claims.pop(timer._source_traceback, None) is not None:
@@ -204,10 +181,9 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     large for a float.  ``TimerThread.call_later`` has it inline."""
     if type(when) is int and not -_RANGE <= when <= _RANGE:
         return None  # (one too large for a float: asyncio's heap cannot take it)
-    lid = id(loop)
-    rec = LOOPS.get(lid)
-    if rec is None:  # the loop's first (nothing else is made per loop)
-        rec = LOOPS[lid] = _weakref(loop, _gone)
+    rec = _weakref(loop)  # (made by the loop's first; the same one after)
+    if rec is not sched._last_rec:
+        sched.loop_seen(rec)
     tid = next(sched._ids)
     sched._claims[tid] = rec
     t: Any = Handle()
@@ -224,5 +200,5 @@ def arm(sched: Scheduler, loop: Any, seconds: float, when: float,
     return t  # type: ignore[no-any-return]
 
 
-__all__ = ["HEAP_CALL_LATER", "HEAP_TYPES", "LOOPS", "SCHEDULERS", "SLOTS_KNOWN", "arm", "cancel", "heap_call_at",
-           "heap_type", "keeps_heap", "loop_closing", "loops", "push", "timers_on"]
+__all__ = ["HEAP_CALL_LATER", "HEAP_TYPES", "SCHEDULERS", "SLOTS_KNOWN", "arm", "cancel",
+           "heap_call_at", "heap_type", "keeps_heap", "loop_closing", "push", "timers_on"]

@@ -29,7 +29,7 @@ from typing import Any
 from .._stats import Stats
 from ._arguments import deadline_ns, to_seconds
 from ._handle import CANCELLED, DROPPED, PENDING, POSTED, RUNNING, Handle, QueuedHandle, scheduled
-from ._loop_timer import SCHEDULERS, loop_closing, loops, timers_on
+from ._loop_timer import SCHEDULERS, loop_closing, timers_on
 from ._outbox import Batch, DispatcherOutbox, LoopOutbox, Outbox
 
 HIST_BUCKETS = 48
@@ -38,8 +38,9 @@ _LATE_SUM_CAP = 2 ** (HIST_BUCKETS - 2)
 # A heap with more cancelled entries than this, and more of them than live
 # ones, is rebuilt (the same rule as asyncio's own timer heap).
 _SWEEP_MIN = 64
-# Claims of loop timers swept at once for those of a loop just freed, up to
-# this many; beyond, a sweep is due once a loop has gone per this many.
+# The claims of loop timers are swept for those of loops that closed or went
+# once a timer comes from a loop other than the last one and there are this
+# many, or twice as many as the last sweep left (amortized O(1) per claim).
 _SWEEP_CLAIMS = 256
 
 # ``reaped``: cancelled timers let go of (popped from the heap, swept, or
@@ -101,10 +102,11 @@ class Scheduler:
         self._claims: dict[int, weakref.ref[Any]] = {}
         self.lt_ran = 0
         self._lt_unrun_due = 0
-        # How many loops were freed since the last sweep of the claims, and
-        # how many claims that sweep left.
-        self._loops_gone = 0
-        self._claims_swept = 0
+        # The record of the loop of the last loop timer (a new one is what
+        # tells of loops that came and, perhaps, went), and how many claims
+        # make the next sweep due.
+        self._last_rec: weakref.ref[Any] | None = None
+        self._sweep_at = _SWEEP_CLAIMS
         _live.add(self)
 
     @property
@@ -158,7 +160,7 @@ class Scheduler:
             out: list[Handle] = [entry[2] for entry in self._heap if entry[2]._state == PENDING]
             out += [h for batch in self._inflight.values() for h in batch if h._state == POSTED]
         claims = self._claims
-        for loop in loops():
+        for loop in self._claim_loops():
             if not loop._closed:
                 out += [t for t in timers_on(loop)
                         if t._repr is self and t._source_traceback in claims]
@@ -393,7 +395,7 @@ class Scheduler:
             # (a loop timer stays on its loop's heap, to be passed over there;
             # one the loop is about to run drops itself, seeing this closed)
             claims = self._claims
-            for loop in loops():
+            for loop in self._claim_loops():
                 for timer in timers_on(loop):
                     if timer._repr is self and claims.pop(timer._source_traceback, None) is not None:
                         self.loop_timer_dropped(timer, by_close=True)
@@ -418,7 +420,7 @@ class Scheduler:
         self._submitted = threading.Condition(self._lock)
         for entry in self._heap:
             entry[2]._state = DROPPED
-        for loop in loops():
+        for loop in self._claim_loops():
             for timer in timers_on(loop):
                 if (timer._repr is self
                         and self._claims.pop(timer._source_traceback, None) is not None):
@@ -429,29 +431,32 @@ class Scheduler:
         self._loops.clear()
         self._closed = True
 
-    def forget_loop(self) -> None:
-        """A loop was freed: the claims of its timers go with it.  Swept at
-        once among a few claims; among many, once a loop has gone per
-        ``_SWEEP_CLAIMS`` of them (a short-lived loop's end costs little
-        where a long-lived one keeps many timers)."""
-        if not self._claims:
-            return
-        self._loops_gone += 1
-        if (len(self._claims) <= _SWEEP_CLAIMS
-                or self._loops_gone * _SWEEP_CLAIMS >= self._claims_swept):
+    def loop_seen(self, rec: weakref.ref[Any]) -> None:
+        """A loop timer's loop is not the last one's: loops come and go, and
+        the claims of timers left pending on those that closed or went are
+        swept once there are ``_SWEEP_CLAIMS`` of all, or twice as many as
+        the last sweep left (a short-lived loop's end costs nothing, and a
+        long-lived one's timers are scanned only as often as they doubled)."""
+        self._last_rec = rec
+        if len(self._claims) >= self._sweep_at:
             self._sweep_claims()
 
     def _sweep_claims(self) -> None:
         """Drops the claims of timers whose loop closed or was freed with
         them pending: that ended them (``stats()`` counts them cancelled).
-        A freed loop's record is dead, whatever loop has its id now."""
+        A freed loop's record is dead, whatever loop has its address now."""
         claims = self._claims
         for key, rec in list(claims.items()):
             loop = rec()
             if loop is None or loop._closed:
                 claims.pop(key, None)
-        self._loops_gone = 0
-        self._claims_swept = len(claims)
+        self._sweep_at = max(2 * len(claims), _SWEEP_CLAIMS)
+
+    def _claim_loops(self) -> list[Any]:
+        """The loops alive that have timers of this scheduler's claimed on
+        their heaps (a copy taken at once: other threads may add claims)."""
+        recs = {id(rec): rec for rec in list(self._claims.values())}
+        return [loop for loop in (rec() for rec in recs.values()) if loop is not None]
 
     def stats(self) -> Stats:
         self._sweep_claims()

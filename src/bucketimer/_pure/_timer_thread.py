@@ -19,7 +19,7 @@ from .._reporting import SLOW_CALLBACK_DURATION, check_slow_callback_duration
 from .._stats import Stats
 from ._arguments import SECONDS_RANGE, check_callback, check_loop, deadline_ns, to_seconds
 from ._handle import Handle
-from ._loop_timer import HEAP_TYPES, LOOPS, _gone, arm, keeps_heap
+from ._loop_timer import HEAP_TYPES, arm, keeps_heap
 from ._scheduler import Scheduler
 
 monotonic = time.monotonic
@@ -117,10 +117,11 @@ class TimerThread:
                     except AttributeError:  # a time that is not a method
                         stock_clock = False
                     if stock_clock:
-                        lid = id(running)
-                        rec = LOOPS.get(lid)
-                        if rec is None:  # (inline: a call cost 0.4 µs here, cold)
-                            rec = LOOPS[lid] = _weakref(running, _gone)
+                        rec = _weakref(running)  # (the loop's one record)
+                        if rec is not sched._last_rec:  # (loop_seen(), inline)
+                            sched._last_rec = rec
+                            if len(sched._claims) >= sched._sweep_at:
+                                sched._sweep_claims()
                         tid = next(sched._ids)
                         sched._claims[tid] = rec
                         t: Any = Handle()
