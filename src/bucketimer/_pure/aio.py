@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from .._wait_for import release_waiter, wait_for_311
 from ._default import deliver_due
-from ._loop_timer import HEAP_CALL_LATER, cancel, heap_type, push
+from ._loop_timer import HEAP_CALL_LATER, HEAP_TYPES, cancel, heap_type, push
 
 __all__ = ("Timeout", "timeout", "timeout_at", "wait_for")
 
@@ -110,7 +110,13 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
         # exit made there overtakes this one (it changed the state or the
         # deadline), which then leaves the expiry as that call left it.
         me._when = when
-        _disarm(me)
+        handler = me._timeout_handler
+        if handler is not None:  # (_disarm(), inline: two calls fewer per reschedule)
+            me._timeout_handler = None
+            if type(handler) is TimerHandle and not handler._loop._debug:
+                cancel(handler)
+            else:
+                handler.cancel()
         if when is None or me._when is not when or me._state is not _ENTERED:
             return
         loop: Any = _get_running_loop()
@@ -122,8 +128,8 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
         if reached:
             deliver_due(loop)
             handler = loop.call_soon(me._on_timeout)
-        elif (type(when) is float or type(when) is int) and heap_type(type(loop)) and (
-                not loop._debug):
+        elif (type(when) is float or type(when) is int) and (
+                type(loop) in HEAP_TYPES or heap_type(type(loop))) and not loop._debug:
             # asyncio's heap, in one call that runs no Python code of the caller's
             me._timeout_handler = push(loop, when, me._on_timeout, (), None)
             return
@@ -149,11 +155,15 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
 
 
 def _disarm(me: Any) -> None:
-    """Cancels a Timeout's timer, if it has one."""
+    """Cancels a Timeout's timer, if it has one (``_disarm_handler()``,
+    inline; ``reschedule`` has this inline)."""
     handler: Any = me._timeout_handler
     if handler is not None:
         me._timeout_handler = None
-        _disarm_handler(handler)
+        if type(handler) is TimerHandle and not handler._loop._debug:
+            cancel(handler)
+        else:
+            handler.cancel()
 
 
 def _disarm_handler(handler: Any) -> None:
