@@ -837,6 +837,46 @@ def test_reschedule_later_moves_the_timer_in_place():
     assert not_early
     assert elapsed < 10  # it cut the sleep short: it fired at its moved deadline
 
+@pytest.mark.skipif(bucketimer.backend != "python", reason="the pure-Python backend's Timeout")
+@pytest.mark.parametrize("loop_factory", ["stock", "drop-in"])
+def test_pure_reschedule_later_keeps_the_armed_timer(loop_factory):
+    """On the pure backend a later deadline leaves the armed timer on the
+    loop's heap, which re-arms for the last deadline when its own comes: no
+    new timer and no cancelled one per reschedule, and the expiry comes at
+    the last deadline, never before.  An earlier one re-arms."""
+    factory = asyncio.SelectorEventLoop if loop_factory == "stock" else bucketimer.new_event_loop
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with aio.timeout(30) as cm:
+            heap, cancelled = len(loop._scheduled), loop._timer_cancelled_count
+            for i in range(2000):
+                cm.reschedule(loop.time() + 30 + i * 1e-6)
+            kept = (len(loop._scheduled) - heap, loop._timer_cancelled_count - cancelled)
+            cm.reschedule(loop.time() + 10)  # earlier: re-armed
+            rearmed = (len(loop._scheduled) - heap, loop._timer_cancelled_count - cancelled)
+        t0 = loop.time()
+        fired_at = []
+        with pytest.raises(TimeoutError):
+            async with aio.timeout(0.02) as cm:
+                for _ in range(20):  # the first deadline passes while it is pushed back
+                    cm.reschedule(loop.time() + 0.05)
+                    await asyncio.sleep(0.005)
+                last = cm.when()
+                try:
+                    await asyncio.sleep(10)
+                finally:
+                    fired_at.append(loop.time())
+        return kept, rearmed, fired_at[0] >= last, loop.time() - t0
+
+    with asyncio.Runner(loop_factory=factory) as r:
+        kept, rearmed, not_early, elapsed = r.run(main())
+    assert kept == (0, 0)
+    assert rearmed == (1, 1)
+    assert not_early
+    assert elapsed < 10
+
+
 @pytest.mark.native
 def test_reschedule_earlier_or_past_rearms():
     """An earlier or already-passed deadline cannot move the timer in place:

@@ -7,10 +7,12 @@ the default TimerThread's timers due for it that its thread keeps (a
 loop's own timers are on its heap already), so they run before the expiry
 (docs/design.rst, "Order on the loop"); a NaN deadline expires on the next
 turn, as asyncio's heap runs it up to 3.12 (from 3.13 asyncio's loop passes
-it to ``select()``, which raises); and a reschedule made by code that
+it to ``select()``, which raises); a reschedule made by code that
 arming the expiry runs wins over that arming, leaving one timer armed, for
 the deadline ``when()`` says (asyncio keeps the first arming's timer and
-leaves the second armed too).  ``reschedule``, ``__aenter__`` and the usual
+leaves the second armed too); and a reschedule to a later deadline keeps
+the armed timer, which re-arms for it when its own deadline comes (asyncio
+cancels it and makes another).  ``reschedule``, ``__aenter__`` and the usual
 way out of ``__aexit__`` are written out, which also makes them cost less
 than asyncio's (which arms and disarms a timer by four calls more).
 :func:`wait_for` is 3.11's algorithm up to 3.11 (``_wait_for.py``, which
@@ -48,6 +50,9 @@ _EXITED = timeouts._State.EXITED  # type: ignore[attr-defined]
 _asyncio_reschedule = timeouts.Timeout.reschedule
 _asyncio_aexit = timeouts.Timeout.__aexit__
 _current_task = tasks.current_task
+# asyncio's TimerHandle, typed Any: a test of type(h) against it leaves h's
+# private members (undeclared in typeshed) readable
+_TimerHandle: Any = TimerHandle
 _get_running_loop = events.get_running_loop
 
 # asyncio's Timeout arms its expiry, self._on_timeout, into
@@ -105,26 +110,41 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
         if me._state is not _ENTERED:
             _asyncio_reschedule(self, when)  # asyncio's RuntimeError
             return
-        # Python code may run below (the old deadline's __del__, a handle's
-        # cancel(), loop.time(), the comparison, call_at): a reschedule or
-        # exit made there overtakes this one (it changed the state or the
+        # Python code may run below (the old deadline's __del__, loop.time(),
+        # the comparison, a handle's cancel(), call_at): a reschedule or exit
+        # made there overtakes this one (it changed the state or the
         # deadline), which then leaves the expiry as that call left it.
         me._when = when
-        handler = me._timeout_handler
-        if handler is not None:  # (_disarm(), inline: two calls fewer per reschedule)
-            me._timeout_handler = None
-            if type(handler) is TimerHandle and not handler._loop._debug:
-                cancel(handler)
-            else:
-                handler.cancel()
-        if when is None or me._when is not when or me._state is not _ENTERED:
+        if when is None:
+            _disarm(me)
             return
         loop: Any = _get_running_loop()
         reached = when <= loop.time()
         if type(when) is float and when != when:  # NaN: due at once
             reached = True
-        if me._when is not when or me._state is not _ENTERED or me._timeout_handler is not None:
+        if me._when is not when or me._state is not _ENTERED:
             return
+        handler = me._timeout_handler
+        if handler is not None:
+            # A later deadline not yet reached keeps the timer armed on the
+            # loop's heap: it re-arms for this one when its own comes
+            # (_on_timeout), as the core moves a timer in place
+            # (docs/design.rst, "A later deadline moves a timer in place"):
+            # no new timer, and none cancelled left in the heap.
+            if (not reached and type(handler) is _TimerHandle
+                    and (type(when) is float or type(when) is int)
+                    and (type(armed := handler._when) is float or type(armed) is int)
+                    and armed <= when and handler._loop is loop and type(loop) in HEAP_TYPES
+                    and not loop._debug):
+                return
+            me._timeout_handler = None  # (_disarm(), inline)
+            if type(handler) is _TimerHandle and not handler._loop._debug:
+                cancel(handler)
+            else:
+                handler.cancel()
+            if me._when is not when or me._state is not _ENTERED or (
+                    me._timeout_handler is not None):
+                return
         if reached:
             deliver_due(loop)
             handler = loop.call_soon(me._on_timeout)
@@ -145,6 +165,20 @@ class Timeout(timeouts.Timeout):  # type: ignore[misc]
         if me._state is not _ENTERED:
             return
         fired = me._timeout_handler
+        if (type(fired) is _TimerHandle and fired._when is not me._when
+                and type(loop := fired._loop) in HEAP_TYPES):
+            # armed for an earlier deadline, then postponed (reschedule):
+            # armed again for the deadline it has now, unless that passed too
+            when = me._when
+            me._timeout_handler = None  # (it ran: what loop.time() may arm stands)
+            if when > loop.time():
+                if me._state is _ENTERED and me._timeout_handler is None and me._when is when:
+                    me._timeout_handler = push(loop, when, me._on_timeout, (), None)
+                return
+            if (me._state is not _ENTERED or me._timeout_handler is not None
+                    or me._when is not when):
+                return  # (what loop.time() ran took it over)
+            me._timeout_handler = fired
         me._task.cancel()
         if me._state is _ENTERED:
             me._state = _EXPIRING
@@ -160,7 +194,7 @@ def _disarm(me: Any) -> None:
     handler: Any = me._timeout_handler
     if handler is not None:
         me._timeout_handler = None
-        if type(handler) is TimerHandle and not handler._loop._debug:
+        if type(handler) is _TimerHandle and not handler._loop._debug:
             cancel(handler)
         else:
             handler.cancel()
@@ -169,7 +203,7 @@ def _disarm(me: Any) -> None:
 def _disarm_handler(handler: Any) -> None:
     """``handler.cancel()``: asyncio's call, or ``_loop_timer.cancel`` for a
     timer of asyncio's heap outside debug mode."""
-    if type(handler) is TimerHandle and not handler._loop._debug:  # type: ignore[attr-defined]
+    if type(handler) is _TimerHandle and not handler._loop._debug:
         cancel(handler)
     else:
         handler.cancel()
