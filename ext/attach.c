@@ -67,8 +67,13 @@ EXT_COLD static long socket_fd(ext_state *st, PyObject *loop, PyObject *name) {
 
 /* ---- the attach ---------------------------------------------------------------- */
 
+/* The loop whose constructor is opening its port in this thread
+ * (ext_port_of_made): borrowed, and only compared while that call runs. */
+static _Thread_local PyObject *made_loop;
+
 int ext_loop_inside(ext_state *st, PyObject *loop) {
     if (!st->attach_class) return 0;
+    if (loop == made_loop) return class_vetted(st, loop);
     PyObject *running = ext_running_loop(&st->compat);
     if (!running) return -1;
     Py_DECREF(running); /* (compared only) */
@@ -138,6 +143,18 @@ done:
     Py_XDECREF(stamp);
     Py_DECREF(selector);
     return rc;
+}
+
+PortObject *ext_port_of_made(TimerThreadObject *self, PyObject *loop) {
+    PyObject *outer = made_loop; /* (a constructor that makes a loop) */
+    made_loop = loop;
+    PortObject *port = ext_port_for(self, loop);
+    made_loop = outer;
+    return port;
+}
+
+PyObject *ext_made_loop(PyObject *Py_UNUSED(m), PyObject *Py_UNUSED(ignored)) {
+    return Py_NewRef(made_loop ? made_loop : Py_None);
 }
 
 /* _core._set_attach(attach_class, stamp_class, report_to_loop, socket,

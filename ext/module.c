@@ -79,6 +79,9 @@ static PyMethodDef module_functions[] = {
     {"_set_attach", ext_set_attach, METH_VARARGS,
      "_set_attach(attach_class, stamp_class, report_to_loop, socket, BaseSelector)\n"
      "What connecting a loop's port in C calls and compares with (ext/attach.c)."},
+    {"_made_loop", ext_made_loop, METH_NOARGS,
+     "_made_loop($module, /)\n--\n\nThe loop whose constructor is connecting its port in "
+     "this thread (TimerThread._port_of_made), or None."},
     {"_scheduler", ext_default_scheduler, METH_VARARGS,
      "_scheduler(loop, absolute, /)\n--\n\nThe drop-in loop's call_at (absolute) or call_later, "
      "on the default TimerThread, whichever it is when called."},

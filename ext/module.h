@@ -345,10 +345,18 @@ PyObject *ext_weak_target(PyObject *ref);
 /* attach.c: connects a new port to the running loop `loop` in C: 1 done,
  * 0 not a case for it (nothing changed: _attach's), -1 with an exception. */
 int ext_attach_fast(TimerThreadObject *self, PyObject *loop, PortObject *port);
-/* attach.c: 1 if `loop` is this thread's running loop and of a class vetted
- * for ext_attach_fast (an asyncio selector loop, open while it runs), 0 if
- * not, -1 with an exception. */
+/* attach.c: 1 if `loop` is this thread's running loop (or the loop being
+ * made, ext_port_of_made) and of a class vetted for ext_attach_fast (an
+ * asyncio selector loop, open while it runs), 0 if not, -1 with an
+ * exception. */
 int ext_loop_inside(ext_state *st, PyObject *loop);
+/* attach.c: the port of `loop`, a loop that its constructor is making in
+ * this thread: no other thread can have it yet and it is open, so it is
+ * connected as the running loop's would be (a new reference). */
+PortObject *ext_port_of_made(TimerThreadObject *self, PyObject *loop);
+/* attach.c: _core._made_loop(), the loop ext_port_of_made is connecting in
+ * this thread, or None: what _timers.TimerThread._attach asks. */
+PyObject *ext_made_loop(PyObject *m, PyObject *ignored);
 PyObject *ext_set_attach(PyObject *m, PyObject *args);
 /* _core.call_later / call_at: the default TimerThread's. */
 PyObject *ext_module_call_later(PyObject *m, PyObject *const *args, Py_ssize_t nargs,

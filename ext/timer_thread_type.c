@@ -396,6 +396,11 @@ static PyObject *TimerThread_port(TimerThreadObject *self, PyObject *loop) {
     return (PyObject *)ext_port_for(self, loop);
 }
 
+static PyObject *TimerThread_port_of_made(TimerThreadObject *self, PyObject *loop) {
+    if (ext_check_open(self) < 0) return NULL;
+    return (PyObject *)ext_port_of_made(self, loop);
+}
+
 static PyObject *TimerThread_forget(TimerThreadObject *self, PyObject *loop) {
     if (!self->ports) Py_RETURN_NONE;
     PortObject *p = forget(self, loop);
@@ -646,6 +651,9 @@ static PyMethodDef TimerThread_methods[] = {
     {"_port", (PyCFunction)TimerThread_port, METH_O,
      "_port(loop) -> Port\n\nThe port of loop (None: the dispatcher's), opened and attached "
      "on first use."},
+    {"_port_of_made", (PyCFunction)TimerThread_port_of_made, METH_O,
+     "_port_of_made(loop) -> Port\n\nThe port of a loop that its constructor is making in this "
+     "thread, opened and attached as the running loop's."},
     {"_forget", (PyCFunction)TimerThread_forget, METH_O,
      "_forget(loop) -> Port | None\n\nForget loop's port and return it (to be detached)."},
     {"_attach", (PyCFunction)(void (*)(void))TimerThread_attach, METH_FASTCALL,

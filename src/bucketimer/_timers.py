@@ -111,8 +111,7 @@ class TimerThread(_core.TimerThread):
                 port._wake_by()
                 self._start_dispatcher(port)
                 return
-            in_loop = (asyncio.events._get_running_loop() is loop
-                       or loop is getattr(_made, "loop", None))
+            in_loop = asyncio.events._get_running_loop() is loop or loop is _core._made_loop()
             port.on_error = _make_loop_reporter(loop)
             self._start_audits()
             closed = self._watch_close(loop, in_loop)
@@ -350,22 +349,15 @@ def _add_reader_if_open(loop: Any, port: _core.Port) -> None:
         _connect(loop, port, _poll_stamp(loop))
 
 
-#: The loop whose constructor opens its port (``open_port_of``): no other
-#: thread can have it yet, so its reader is added at once.
-_made = threading.local()
-
-
 def open_port_of(loop: Any, tt: TimerThread) -> None:
     """Called by bucketimer's own loops as they are made: their port is
-    opened and connected then, so that their first timer costs what any
+    opened and connected then, as the running loop's would be (no other
+    thread can have the loop yet), so that their first timer costs what any
     other does.  An error leaves it to the first timer, which raises it."""
-    _made.loop = loop
     try:
-        tt._port(loop)
+        tt._port_of_made(loop)
     except Exception:
         pass
-    finally:
-        _made.loop = None
 
 
 def _connect(loop: Any, port: _core.Port, stamp: PollStamp | None) -> None:
@@ -482,17 +474,18 @@ def _closes_selector(cls: Any) -> bool:
 def _attach_class(cls: Any) -> bool:
     """Whether a port of a loop of class ``cls`` may be connected in C
     (``ext/attach.c``): a loop whose self-pipe may wake it, whose selector may
-    be wrapped, whose close bucketimer does not take care of otherwise, whose
-    attributes are read and set as any object's, and whose ``is_closed`` and
-    ``close`` are asyncio's, so that it is open while it runs (the C path
-    does not ask a running loop whether it is closed)."""
+    be wrapped, whose attributes are read and set as any object's (or as
+    bucketimer's loop sets them, ``ext/loop_attrs.c``), whose ``is_closed``
+    is asyncio's, so that it is open while it runs (the C path does not ask
+    a running loop whether it is closed), and whose close detaches its
+    ports with no hook of ours: asyncio's own (closing the selector, the
+    PollStamp, last), or bucketimer's loop's (``_bt_closes_ports``)."""
     return bool(_WAKE_SELF_PIPE and _WRAP_SELECTOR and _self_pipe_wakes(cls)
-                and not getattr(cls, "_bt_closes_ports", False)
                 and cls.__getattribute__ is object.__getattribute__
-                and cls.__setattr__ is object.__setattr__
+                and cls.__setattr__ in (object.__setattr__, _core._loop_setattr)
                 and cls.__dictoffset__ != 0
                 and cls.is_closed is asyncio.BaseEventLoop.is_closed
-                and _closes_selector(cls))
+                and (getattr(cls, "_bt_closes_ports", False) or _closes_selector(cls)))
 
 
 def _self_pipe(loop: Any) -> tuple[int, int]:

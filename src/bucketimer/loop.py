@@ -157,9 +157,10 @@ class _NativeTimersMixin:
             )
         return super().__new__(cls)
 
-    def _bt_init(self, timer_thread: TimerThread | None, polled: Any = None) -> None:
-        _LOOP_TIMERS[self] = _LoopTimers(timer_thread, polled)
-        self._bt_update_fast_path()
+    def _bt_init(self, timer_thread: TimerThread | None, polled: Any = None) -> bool:
+        """Whether the new loop's timers go to the native core (_bt_native)."""
+        bt = _LOOP_TIMERS[self] = _LoopTimers(timer_thread, polled)
+        return self._bt_update_fast_path(bt)
 
     @property
     def _bt(self) -> _LoopTimers | None:
@@ -200,28 +201,30 @@ class _NativeTimersMixin:
             and getattr(self.time, "__func__", None) is cls.time  # type: ignore[attr-defined]
         )
 
-    def _bt_update_fast_path(self) -> None:
+    def _bt_update_fast_path(self, bt: _LoopTimers | None = None) -> bool:
+        """Sets or drops the C call_at/call_later on the instance; returns
+        _bt_native().  ``bt``: the loop's _LoopTimers, if the caller has it."""
         cls = type(self)
-        want = (
-            self._bt_native()
-            and not self.is_closed()  # type: ignore[attr-defined]
-            and cls.call_at is _NativeTimersMixin.call_at
-            and cls.call_later is _NativeTimersMixin.call_later
-        )
+        native = self._bt_native()
         # Set and deleted as attributes, never through self.__dict__
         # (_LoopTimers says why).
-        if want:
-            self.call_at = self._bt_scheduler(True)  # type: ignore[method-assign]
-            self.call_later = self._bt_scheduler(False)  # type: ignore[method-assign]
+        if (native and not self.is_closed()  # type: ignore[attr-defined]
+                and cls.call_at is _NativeTimersMixin.call_at
+                and cls.call_later is _NativeTimersMixin.call_later):
+            self.call_at = self._bt_scheduler(True, bt)  # type: ignore[method-assign]
+            self.call_later = self._bt_scheduler(False, bt)  # type: ignore[method-assign]
         else:
             self._bt_drop_fast_path()
+        return native
 
-    def _bt_scheduler(self, absolute: bool) -> Any:
+    def _bt_scheduler(self, absolute: bool, bt: _LoopTimers | None = None) -> Any:
         """A C call_at (absolute) or call_later bound to (TimerThread, loop):
         without a TimerThread of its own, to the default one, whichever it
-        is (made anew once closed)."""
+        is (made anew once closed).  ``bt``: the loop's _LoopTimers, if the
+        caller has it."""
         loop = cast(asyncio.AbstractEventLoop, self)
-        bt = self._bt
+        if bt is None:
+            bt = self._bt
         if bt is None or bt.timer_thread is None:
             return _core._scheduler(loop, absolute)
         return bt.timer_thread._scheduler(loop, absolute)
@@ -310,12 +313,12 @@ if TYPE_CHECKING or _backend.NATIVE:
                 selector = selector or selectors.DefaultSelector()
                 polled = selector = _stamp_class(type(selector))(selector)
             super().__init__(selector)
-            self._bt_init(timer_thread, polled)
-            if self._bt_native():
+            if self._bt_init(timer_thread, polled):
                 # its port now, not on its first timer (_timers.open_port_of;
                 # not on uvloop, which warns of a reader left on a loop dropped
                 # unrun)
-                _timers.open_port_of(self, self.timer_thread)
+                _timers.open_port_of(
+                    self, _timers.default_timer_thread() if timer_thread is None else timer_thread)
 
 else:  # asyncio's timers, on the loop's heap (docs/design.rst, "The pure-Python backend")
     from ._pure._loop import EventLoop

@@ -21,7 +21,7 @@ import pytest
 import bucketimer
 
 if bucketimer.backend == "native":
-    from bucketimer import _timers
+    from bucketimer import _core, _timers
 
 # Ports are the native backend's; with BUCKETIMER_PUBLIC_API, _attach
 # connects every loop (the self-pipe read is off, and C needs it).
@@ -103,6 +103,20 @@ def test_c_connects_a_loop_as_attach_does(tt: bucketimer.TimerThread) -> None:
     assert first["ran"] == ["first"]
     assert first["reports"] == [(first["reports"][0][0], "ValueError", "Handle")]
     assert first["reports"][0][0].startswith("Exception in callback ")
+
+
+def test_the_drop_in_loop_is_connected_in_c_as_it_is_made(tt: bucketimer.TimerThread) -> None:
+    # Its port is opened by its constructor, outside any running loop: in C
+    # too, once the TimerThread has connected a first loop.
+    first = _life(tt, bucketimer.EventLoop(timer_thread=tt))  # the TimerThread's first: _attach
+    assert tt._fast_attach
+    second = _life(tt, bucketimer.EventLoop(timer_thread=tt))
+    assert (first.pop("in C"), second.pop("in C")) == (False, True)
+    assert first == second
+    assert first["wakes its self-pipe"] and not first["fd registered"]
+    assert first["its poll watches it"] and first["fd after close"] == -1
+    assert first["ran"] == ["first"] and first["pending dropped"]
+    assert _core._made_loop() is None
 
 
 class _OwnSetattr(asyncio.SelectorEventLoop):
