@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVarTuple, Unpack
 
 from . import _core, _pending
+from ._live import Live
 from ._reporting import SLOW_CALLBACK_DURATION, logger, report_dropped_at_exit
 from ._reporting import check_slow_callback_duration as _check_slow
 from ._reporting import loop_reporter as _make_loop_reporter
@@ -604,13 +605,13 @@ def _dispatch(port_fd: int, orphans_fd: int, wake_r: int, tt_ref: Any) -> None:
 
 # -- the process-wide default ----------------------------------------------------
 
-_live: weakref.WeakSet[TimerThread] = weakref.WeakSet()
+_live: Live[TimerThread] = Live()
 
 
 def loop_closing(loop: Any) -> None:
     """Called by bucketimer's own loops first thing in ``close()``: every
     TimerThread detaches its port for ``loop`` (the others have none)."""
-    for tt in list(_live):
+    for tt in _live.snapshot():
         tt._loop_closing(loop)
 
 
@@ -659,7 +660,7 @@ _core._set_signatures(_call_later_signature, _call_at_signature)
 def _after_fork_in_child() -> None:
     # Nothing of the parent's threads exists here: forget its TimerThreads
     # (their cores refuse work; the native default is made anew on first use).
-    for tt in list(_live):
+    for tt in _live.snapshot():
         tt._closing = True
     _live.clear()
 
@@ -672,7 +673,7 @@ _EXIT_JOIN_BUDGET = 0.2
 def _close_all_at_exit() -> None:
     deadline = time.monotonic() + _EXIT_JOIN_BUDGET
     dropped = 0
-    for tt in list(_live):
+    for tt in _live.snapshot():
         try:
             dispatcher = None if tt.closed else tt._dispatcher
             if dispatcher is not None:  # the no-loop timers this exit drops

@@ -113,7 +113,7 @@ def _after_fork_in_child() -> None:
     _default = None
     _DefaultView._sched = _Closed()
     _default_lock = threading.Lock()
-    for sched in list(_live):
+    for sched in _live.snapshot():
         sched.forget_after_fork()
     _live.clear()
 
@@ -126,7 +126,7 @@ _EXIT_JOIN_BUDGET = 0.2
 def _close_all_at_exit() -> None:
     deadline = time.monotonic() + _EXIT_JOIN_BUDGET
     dropped = 0
-    for sched in list(_live):
+    for sched in _live.snapshot():
         dropped += sched.close(join_timeout=max(0.0, deadline - time.monotonic()))
     report_dropped_at_exit(dropped)
 

@@ -62,7 +62,7 @@ class _PureTimers:
     def close(self) -> None:
         if not self.is_running():  # type: ignore[attr-defined]
             loop_closing(self)
-            for sched in list(_live):
+            for sched in _live.snapshot():
                 sched.loop_closed(self)  # type: ignore[arg-type]
         super().close()  # type: ignore[misc]
 

@@ -45,6 +45,7 @@ from asyncio.events import TimerHandle
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._live import Live
 from ._arguments import SECONDS_RANGE as _RANGE
 from ._handle import Handle
 
@@ -146,7 +147,7 @@ def cancel(timer: Any) -> None:
 
 # Every scheduler alive (``_scheduler.py`` adds each): those a closing
 # drop-in loop tells.
-SCHEDULERS: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+SCHEDULERS: Live[Scheduler] = Live()
 
 _weakref = weakref.ref
 _weakref_count = weakref.getweakrefcount
