@@ -55,7 +55,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Coroutine
 from time import monotonic as _monotonic
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _backend, _patch
 from ._backend import TimerThread
@@ -211,23 +211,23 @@ class _NativeTimersMixin:
         if (native and not self.is_closed()  # type: ignore[attr-defined]
                 and cls.call_at is _NativeTimersMixin.call_at
                 and cls.call_later is _NativeTimersMixin.call_later):
-            self.call_at = self._bt_scheduler(True, bt)  # type: ignore[method-assign]
-            self.call_later = self._bt_scheduler(False, bt)  # type: ignore[method-assign]
+            make = self._bt_scheduler(bt)
+            me: Any = self
+            self.call_at = make(me, True)  # type: ignore[method-assign]
+            self.call_later = make(me, False)  # type: ignore[method-assign]
         else:
             self._bt_drop_fast_path()
         return native
 
-    def _bt_scheduler(self, absolute: bool, bt: _LoopTimers | None = None) -> Any:
-        """A C call_at (absolute) or call_later bound to (TimerThread, loop):
-        without a TimerThread of its own, to the default one, whichever it
-        is (made anew once closed).  ``bt``: the loop's _LoopTimers, if the
-        caller has it."""
-        loop = cast(asyncio.AbstractEventLoop, self)
+    def _bt_scheduler(self, bt: _LoopTimers | None = None) -> Any:
+        """What makes a C call_at or call_later bound to (TimerThread, loop),
+        ``make(loop, absolute)``: without a TimerThread of its own, bound to
+        the default one, whichever it is (made anew once closed).  ``bt``:
+        the loop's _LoopTimers, if the caller has it."""
         if bt is None:
             bt = self._bt
-        if bt is None or bt.timer_thread is None:
-            return _core._scheduler(loop, absolute)
-        return bt.timer_thread._scheduler(loop, absolute)
+        tt = None if bt is None else bt.timer_thread
+        return _core._scheduler if tt is None else tt._scheduler
 
     def _bt_drop_fast_path(self) -> None:
         for name in ("call_at", "call_later"):
@@ -249,7 +249,7 @@ class _NativeTimersMixin:
             )
         if self.is_closed():  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        return self._bt_scheduler(True)(when, callback, *args, context=context)
+        return self._bt_scheduler()(self, True)(when, callback, *args, context=context)
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any,
                    context: Any = None) -> Any:
@@ -267,7 +267,7 @@ class _NativeTimersMixin:
             )
         if self.is_closed():  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
-        return self._bt_scheduler(False)(delay, callback, *args, context=context)
+        return self._bt_scheduler()(self, False)(delay, callback, *args, context=context)
 
     def set_debug(self, enabled: bool) -> None:
         super().set_debug(enabled)  # type: ignore[misc]
